@@ -1,0 +1,1 @@
+"""api (see the package docstring)."""

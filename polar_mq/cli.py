@@ -1,0 +1,88 @@
+"""`polar-mq` command line: one sub-command per role (gateway, model-server, demo, harness)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from .embedded_redis import ensure_redis
+    from .proxy_app.serve import serve
+    from .settings import GatewaySettings
+
+    upstreams = args.upstream or []
+    settings = GatewaySettings.from_env(host=args.host, port=args.port, served_model=args.served_model,
+                                        public_url=args.public_url)
+    if upstreams:
+        settings.upstreams = upstreams
+    if not settings.upstreams:
+        print("error: give at least one --upstream URL (or set POLAR_UPSTREAMS)", file=sys.stderr)
+        return 2
+    settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
+    if embedded:
+        print(f"started embedded redis at {settings.redis_url}", flush=True)
+    serve(settings, dev=args.dev, workers=args.workers)
+    return 0
+
+
+def _model_server(args: argparse.Namespace) -> int:
+    from .model_server.__main__ import main as model_server_main
+
+    return model_server_main(args.rest)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main()
+
+
+def _harness(args: argparse.Namespace) -> int:
+    from .harnesses.install import main as install_main
+
+    return install_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polar-mq", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gw = sub.add_parser("gateway", help="run the gateway proxy")
+    gw.add_argument("--upstream", action="append", help="vLLM server root (repeatable)")
+    gw.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL, else an embedded Redis)")
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--port", type=int, default=8600)
+    gw.add_argument("--served-model", help="model name sent upstream (default: ask /v1/models)")
+    gw.add_argument("--public-url", help="base URL handed to harnesses (default http://HOST:PORT)")
+    gw.add_argument("--workers", type=int, help="gunicorn worker processes")
+    gw.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
+    gw.set_defaults(func=_gateway)
+
+    ms = sub.add_parser("model-server", help="run the vLLM-compatible stand-in model server",
+                        add_help=False)
+    ms.add_argument("rest", nargs=argparse.REMAINDER)
+    ms.set_defaults(func=_model_server)
+
+    demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
+    demo.set_defaults(func=_demo)
+
+    harness = sub.add_parser("harness", help="manage harness CLIs (install NAME...)", add_help=False)
+    harness.add_argument("rest", nargs=argparse.REMAINDER)
+    harness.set_defaults(func=_harness)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""graders (see the package docstring)."""

@@ -1,0 +1,1 @@
+"""harnesses (see the package docstring)."""

@@ -1,0 +1,123 @@
+"""The canonical data that flows through polar_mq.
+
+Every module speaks these types: the gateway writes `CaptureRecord`s, the merge builders turn
+them into `Trace`s inside a `Trajectory`, graders set rewards, exporters write them out. They are
+plain dataclasses so that they serialise to msgpack/JSON with `to_dict` / `from_dict` and nothing
+else (no pydantic on the hot path). Field names follow ../shared/CONTRACT.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="Record")
+
+PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "gemini")
+
+
+class Record:
+    """Mixin: lossless dict conversion that tolerates unknown keys (forward compatibility)."""
+
+    _nested: ClassVar[dict[str, type]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name in self._nested and value is not None:
+                value = [v.to_dict() for v in value]
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for name, typ in cls._nested.items():
+            if kwargs.get(name) is not None:
+                kwargs[name] = [v if isinstance(v, typ) else typ.from_dict(v) for v in kwargs[name]]
+        return cls(**kwargs)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class CaptureRecord(Record):
+    """One model call as the gateway saw it: what the client sent, what went upstream, what came
+    back, with the exact token ids and logprobs the upstream reported."""
+
+    session_id: str
+    provider: str
+    call_id: str = field(default_factory=lambda: new_id("call"))
+    stream: bool = False
+    started_at: float = field(default_factory=time.time)
+    latency_ms: float = 0.0
+    model_requested: str | None = None
+    model_served: str | None = None
+    request: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    response_message: dict[str, Any] | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    status: str = "ok"
+    error: str | None = None
+    # Extensions beyond the contract (additive):
+    params: dict[str, Any] = field(default_factory=dict)  # sampling parameters sent upstream
+    notes: list[str] = field(default_factory=list)  # e.g. dropped server-side tools
+    upstream_url: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    retry_count: int = 0  # the client's own retry counter (x-stainless-retry-count)
+    kind: str = "generation"  # generation | count_tokens (count calls are not recorded today)
+
+
+@dataclass
+class Trace(Record):
+    """One trainable sequence: prompt ids then response ids with a loss mask."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[float] | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    reward: float | None = None
+    call_ids: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory(Record):
+    """All traces of one session plus how they were built and graded."""
+
+    _nested: ClassVar[dict[str, type]] = {"traces": Trace}
+
+    session_id: str
+    task_id: str | None = None
+    status: str = "COMPLETED"  # COMPLETED | ERROR | TIMEOUT
+    builder: str = "per_request"
+    traces: list[Trace] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    reward: float | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GatewaySession(Record):
+    """A gateway session: the key a harness uses as its API key, bound to one session id."""
+
+    session_id: str
+    key: str
+    task_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)

@@ -1,0 +1,67 @@
+"""``python -m polar_mq.model_server`` (also ``polar-mq model-server``): run the stand-in server."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+
+def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="A vLLM-compatible (OpenAI wire format) stand-in model server: real local "
+        "tokenizer + chat template, deterministic scripted replies, no GPU.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)")
+    p.add_argument("--served-model-name", default="stand-in")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--scripted", metavar="FILE.json", help="a JSON list of steps (see polar_mq.model_server.script)")
+    p.add_argument("--no-token-ids", action="store_true",
+                   help="ignore return_token_ids (prompt_token_ids/token_ids come back null)")
+    p.add_argument("--latency-ms", type=int, default=0, help="extra delay before every answer")
+    p.add_argument("--cache-dir", default=None, help="tokenizer cache root (default $POLAR_CACHE_DIR or ~/.cache/polar_mq)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from werkzeug.serving import make_server
+
+    from .app import ServerConfig, create_app
+    from .script import load_script
+
+    scripted = load_script(args.scripted) if args.scripted else None
+    config = ServerConfig(
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len,
+        scripted=scripted,
+        return_token_ids=not args.no_token_ids,
+        latency_ms=args.latency_ms,
+        cache_dir=args.cache_dir,
+    )
+    app = create_app(config)
+    server = make_server(args.host, args.port, app, threaded=True)
+    port = server.server_port
+    stop = threading.Event()
+
+    def _shutdown(signum, frame):  # noqa: ARG001
+        if not stop.is_set():
+            stop.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _shutdown)
+    signal.signal(signal.SIGINT, _shutdown)
+    print(f"polar-mq model-server ready on http://{args.host}:{port} "
+          f"(model {args.served_model_name}, max_model_len {args.max_model_len})", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

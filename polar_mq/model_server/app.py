@@ -1,0 +1,569 @@
+"""The stand-in model server: a Flask app speaking vLLM's OpenAI-compatible wire format.
+
+Endpoints (as vLLM 0.32): ``GET /health``, ``GET /version``, ``GET /v1/models``,
+``POST /v1/chat/completions`` (non-streaming and SSE streaming), ``POST /v1/completions``,
+``POST /tokenize``, ``POST /detokenize``. Replies come from :mod:`.script` (deterministic), token ids
+from the real local tokenizer (:mod:`.tokenizer`); "sampled" ids are the canonical encoding of the
+completion text plus ``<|im_end|>`` when the turn ends naturally.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Iterator
+
+from flask import Flask, Response, request
+
+from .completion import (
+    completion_text,
+    logprob_entries,
+    new_tool_call_id,
+    parse_completion,
+    sampled_logprob,
+    stream_deltas,
+)
+from .script import Reply, decide
+from .tokenizer import ChatTokenizer, load_tokenizer
+
+VLLM_VERSION = "0.32.0"
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: str = "stand-in"
+    max_model_len: int = 8192
+    scripted: list[dict] | None = None
+    return_token_ids: bool = True  # False: behave like an upstream that ignores return_token_ids
+    latency_ms: int = 0
+    cache_dir: str | None = None
+
+
+class APIError(Exception):
+    def __init__(self, message: str, code: int = 400, err_type: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.err_type = err_type or _error_type(code)
+        self.param = param
+
+
+def _error_type(code: int) -> str:
+    known = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+    if code in known:
+        return known[code]
+    try:
+        return HTTPStatus(code).phrase.replace(" ", "").replace("-", "") + "Error"
+    except ValueError:
+        return "Error"
+
+
+def error_body(message: str, code: int, err_type: str | None = None, param: str | None = None) -> dict:
+    """vLLM's ErrorResponse: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": err_type or _error_type(code), "param": param, "code": code}}
+
+
+def _json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj, ensure_ascii=False), status=status, mimetype="application/json")
+
+
+def _error_response(e: APIError) -> Response:
+    return _json_response(error_body(e.message, e.code, e.err_type, e.param), e.code)
+
+
+def context_error(max_model_len: int, max_tokens: int | None) -> APIError:
+    """vLLM's renderer-level length check message (the prompt is tokenised with
+    ``max_length = max_input_tokens + 1``, hence "at least")."""
+    out = max_tokens or 0
+    n = max_model_len - out + 1
+    return APIError(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{out} output tokens and your prompt contains at least {n} input tokens, for a total of "
+        f"at least {n + out} tokens. Please reduce the length of the input prompt or the number "
+        f"of requested output tokens.",
+        400,
+        param="input_tokens",
+    )
+
+
+# ---- generation core ------------------------------------------------------------------------
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    reply: Reply
+    ids: list[int]  # sampled ids actually returned
+    text: str  # visible raw text (may be cut by a stop string)
+    finish_reason: str
+    stop_reason: str | int | None
+    message: dict
+    call_ids: list[str]
+    prompt_text: str = ""
+
+
+def _max_tokens(body: dict) -> int | None:
+    v = body.get("max_completion_tokens")
+    if v is None:
+        v = body.get("max_tokens")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise APIError("max_tokens must be an integer", 400, param="max_tokens")
+    if v < 1:
+        raise APIError(f"max_tokens must be at least 1, got {v}.", 400, param="max_tokens")
+    return v
+
+
+def _stops(body: dict) -> list[str]:
+    s = body.get("stop")
+    if s is None:
+        return []
+    if isinstance(s, str):
+        return [s] if s else []
+    if isinstance(s, list):
+        return [x for x in s if isinstance(x, str) and x]
+    raise APIError("stop must be a string or a list of strings", 400, param="stop")
+
+
+def sample(tok: ChatTokenizer, reply: Reply, max_tokens: int | None, budget: int, stops: list[str],
+           include_stop: bool = False) -> tuple[list[int], str, str, str | None]:
+    """The sampled ids, visible text, finish_reason and stop_reason for a reply."""
+    text = completion_text(reply)
+    full = tok.encode(text) + [tok.eos_token_id]
+    limit = budget if max_tokens is None else min(max_tokens, budget)
+    # stop strings: earliest occurrence in the generated text
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    if best is not None:
+        idx, s = best
+        need = idx + len(s)
+        n = 0
+        while n < len(full) - 1 and len(tok.decode(full[:n])) < need:
+            n += 1
+        if n <= limit:
+            visible = text[: need if include_stop else idx]
+            return full[:n], visible, "stop", s
+    if len(full) > limit:
+        ids = full[:limit]
+        return ids, tok.decode(ids), "length", None
+    finish = "tool_calls" if reply.tool_calls else "stop"
+    return full, text, finish, None
+
+
+def build_message(reply: Reply, text: str, natural: bool, call_ids: list[str]) -> dict:
+    if natural:
+        reasoning = reply.reasoning or None
+        content = reply.content if (reply.content or not reply.tool_calls) else None
+        calls = [{"name": tc.name, "arguments": json.dumps(tc.arguments, ensure_ascii=False)}
+                 for tc in reply.tool_calls]
+    else:
+        p = parse_completion(text)
+        reasoning, content, calls = p.reasoning, p.content, p.tool_calls
+    while len(call_ids) < len(calls):
+        call_ids.append(new_tool_call_id())
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if calls:  # vLLM's ChatMessage serialiser drops an empty tool_calls list
+        msg["tool_calls"] = [
+            {"id": call_ids[i], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(calls)
+        ]
+    msg["reasoning"] = reasoning
+    return msg
+
+
+class StandIn:
+    """State shared by the request handlers."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.tok = load_tokenizer(config.cache_dir)
+
+    def check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.config.served_model_name:
+            raise APIError(f"The model `{model}` does not exist.", 404, "NotFoundError", param="model")
+
+    def chat(self, body: dict) -> Generation:
+        if not isinstance(body, dict):
+            raise APIError("Request body must be a JSON object", 400)
+        self.check_model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError("messages: Field required (a non-empty list)", 400, param="messages")
+        if any(not isinstance(m, dict) or not isinstance(m.get("role"), str) for m in messages):
+            raise APIError("messages: each message must be an object with a role", 400, param="messages")
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise APIError("The stand-in model server supports only n=1", 400, param="n")
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise APIError("tools must be a list", 400, param="tools")
+        max_tokens = _max_tokens(body)
+        stops = _stops(body)
+        kw = body.get("chat_template_kwargs") or {}
+        if not isinstance(kw, dict):
+            raise APIError("chat_template_kwargs must be an object", 400, param="chat_template_kwargs")
+        kw = {k: v for k, v in kw.items() if k not in ("messages", "tools", "add_generation_prompt")}
+        cont = bool(body.get("continue_final_message"))
+        add_gen = bool(body.get("add_generation_prompt", True))
+        if cont and add_gen and "add_generation_prompt" in body:
+            raise APIError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           400)
+        try:
+            prompt_text = self.tok.render(messages, tools=tools, add_generation_prompt=add_gen and not cont, **kw)
+        except Exception as e:  # template errors -> 400 as vLLM
+            raise APIError(f"Chat template error: {e}", 400) from e
+        if cont and prompt_text.endswith("<|im_end|>\n"):  # leave the final message open
+            prompt_text = prompt_text[: -len("<|im_end|>\n")]
+        prompt_ids = self.tok.encode(prompt_text)
+        L = self.config.max_model_len
+        if len(prompt_ids) + (max_tokens or 0) > L or len(prompt_ids) >= L:
+            raise context_error(L, max_tokens)
+        reply = decide(
+            messages,
+            tools,
+            tool_choice=body.get("tool_choice"),
+            response_format=body.get("response_format"),
+            scripted=self.config.scripted,
+        )
+        if reply.fail is not None:
+            if reply.sleep:
+                time.sleep(reply.sleep)
+            raise APIError(reply.fail_message or "Scripted failure", reply.fail)
+        budget = L - len(prompt_ids)
+        ids, text, finish, stop_reason = sample(
+            self.tok, reply, max_tokens, budget, stops, bool(body.get("include_stop_str_in_output"))
+        )
+        natural = finish in ("stop", "tool_calls") and stop_reason is None
+        call_ids: list[str] = []
+        message = build_message(reply, text, natural, call_ids)
+        return Generation(prompt_ids, reply, ids, text, finish, stop_reason, message, call_ids, prompt_text)
+
+    def wants_ids(self, body: dict) -> bool:
+        return bool(body.get("return_token_ids")) and self.config.return_token_ids
+
+    def delay(self, gen: Generation) -> None:
+        total = gen.reply.sleep + self.config.latency_ms / 1000.0
+        if total > 0:
+            time.sleep(total)
+
+    def logprobs_k(self, body: dict) -> int | None:
+        """None: no logprobs; else the number of top_logprobs."""
+        if not body.get("logprobs"):
+            return None
+        k = body.get("top_logprobs") or 0
+        if not isinstance(k, int) or k < 0:
+            raise APIError("top_logprobs must be a non-negative integer", 400, param="top_logprobs")
+        return k
+
+    def prompt_logprobs(self, body: dict, prompt_ids: list[int]) -> list | None:
+        k = body.get("prompt_logprobs")
+        if k is None or k is False:
+            return None
+        out: list = [None]
+        for i, t in enumerate(prompt_ids[1:], start=1):
+            out.append({str(t): {"logprob": sampled_logprob(t, -i), "rank": 1,
+                                 "decoded_token": self.tok.token_str(t)}})
+        return out
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None}
+
+
+def _sse(obj: Any) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+
+# ---- app factory ----------------------------------------------------------------------------
+
+def create_app(config: ServerConfig | dict | None = None) -> Flask:
+    if config is None:
+        config = ServerConfig()
+    elif isinstance(config, dict):
+        config = ServerConfig(**config)
+    state = StandIn(config)
+    tok = state.tok
+    app = Flask("polar_mq.model_server")
+    app.config["STAND_IN"] = state
+
+    def body_json() -> dict:
+        data = request.get_data(cache=True)
+        if not data:
+            raise APIError("Request body is empty; expected JSON", 400)
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise APIError(f"JSON decode error: {e}", 400) from e
+        if not isinstance(obj, dict):
+            raise APIError("Request body must be a JSON object", 400)
+        return obj
+
+    @app.errorhandler(APIError)
+    def _api_error(e: APIError):
+        return _error_response(e)
+
+    @app.errorhandler(404)
+    def _not_found(e):
+        return _json_response({"detail": "Not Found"}, 404)
+
+    @app.errorhandler(405)
+    def _not_allowed(e):
+        return _json_response({"detail": "Method Not Allowed"}, 405)
+
+    @app.get("/health")
+    def health():
+        return Response(b"", status=200)
+
+    @app.get("/ping")
+    def ping():
+        return Response(b"", status=200)
+
+    @app.get("/version")
+    def version():
+        return _json_response({"version": VLLM_VERSION})
+
+    @app.get("/v1/models")
+    def models():
+        now = int(time.time())
+        name = config.served_model_name
+        return _json_response({
+            "object": "list",
+            "data": [{
+                "id": name, "object": "model", "created": now, "owned_by": "vllm", "root": name,
+                "parent": None, "max_model_len": config.max_model_len,
+                "permission": [{
+                    "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now,
+                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                    "organization": "*", "group": None, "is_blocking": False,
+                }],
+            }],
+        })
+
+    @app.post("/tokenize")
+    def tokenize():
+        body = body_json()
+        state.check_model(body)
+        if "messages" in body:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list):
+                raise APIError("messages must be a list", 400, param="messages")
+            kw = body.get("chat_template_kwargs") or {}
+            try:
+                text = tok.render(msgs, tools=body.get("tools") or None,
+                                  add_generation_prompt=body.get("add_generation_prompt", True), **kw)
+            except Exception as e:
+                raise APIError(f"Chat template error: {e}", 400) from e
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            raise APIError("Either prompt (string) or messages must be given", 400)
+        ids = tok.encode(text)
+        out = {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": None}
+        if body.get("return_token_strs"):
+            out["token_strs"] = [tok._tok.id_to_token(i) for i in ids]
+        return _json_response(out)
+
+    @app.post("/detokenize")
+    def detokenize():
+        body = body_json()
+        state.check_model(body)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise APIError("tokens must be a list of integers", 400, param="tokens")
+        if any(i < 0 or i >= tok.vocab_size for i in ids):
+            raise APIError("Token id out of vocabulary range", 400, param="tokens")
+        return _json_response({"prompt": tok.decode(ids)})
+
+    @app.post("/v1/chat/completions")
+    def chat_completions():
+        body = body_json()
+        gen = state.chat(body)
+        k = state.logprobs_k(body)
+        want_ids = state.wants_ids(body)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = config.served_model_name
+        if not body.get("stream"):
+            state.delay(gen)
+            choice = {
+                "index": 0,
+                "message": gen.message,
+                "logprobs": {"content": logprob_entries(tok, gen.ids, 0, k, as_ids)} if k is not None else None,
+                "finish_reason": gen.finish_reason,
+                "stop_reason": gen.stop_reason,
+                "token_ids": gen.ids if want_ids else None,
+            }
+            return _json_response({
+                "id": rid, "object": "chat.completion", "created": created, "model": model,
+                "choices": [choice], "service_tier": None, "system_fingerprint": None,
+                "usage": _usage(len(gen.prompt_ids), len(gen.ids)),
+                "prompt_logprobs": state.prompt_logprobs(body, gen.prompt_ids),
+                "prompt_token_ids": gen.prompt_ids if want_ids else None,
+                "prompt_text": gen.prompt_text if body.get("return_prompt_text") else None,
+                "kv_transfer_params": None,
+            })
+        so = body.get("stream_options") or {}
+        include_usage = bool(so.get("include_usage"))
+        continuous = include_usage and bool(so.get("continuous_usage_stats"))
+        state.delay(gen)
+
+        def frames() -> Iterator[str]:
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+            n_prompt = len(gen.prompt_ids)
+            emitted = 0
+
+            def chunk(delta: dict, ids: list[int] | None, finish: str | None = None,
+                      stop_reason: Any = None, last: bool = False) -> dict:
+                nonlocal emitted
+                c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                if ids is not None and k is not None:
+                    c["logprobs"] = {"content": logprob_entries(tok, ids, emitted, k, as_ids)}
+                if last:
+                    c["stop_reason"] = stop_reason
+                if ids is not None:
+                    emitted += len(ids)
+                    if want_ids:
+                        c["token_ids"] = ids
+                obj = dict(base, choices=[c])
+                if continuous:
+                    obj["usage"] = _usage(n_prompt, emitted)
+                return obj
+
+            first = chunk({"role": "assistant", "content": ""}, None)
+            if want_ids:
+                first["prompt_token_ids"] = gen.prompt_ids
+            if body.get("return_prompt_text"):
+                first["prompt_text"] = gen.prompt_text
+            if body.get("prompt_logprobs") is not None:
+                first["prompt_logprobs"] = state.prompt_logprobs(body, gen.prompt_ids)
+            yield _sse(first)
+            # stream from the full reply's layout; the visible text is a prefix of it
+            call_ids = list(gen.call_ids)
+            while len(call_ids) < len(gen.reply.tool_calls):
+                call_ids.append(new_tool_call_id())
+            names = [tc.name for tc in gen.reply.tool_calls]
+            pieces = stream_deltas(tok, gen.reply, gen.ids, call_ids, names, limit=len(gen.text))
+            tail: list[int] = []
+            if pieces and not pieces[-1][0]:
+                tail = pieces.pop()[1]
+            for parts, ids in pieces:
+                for j, delta in enumerate(parts):
+                    yield _sse(chunk(delta, ids if j == len(parts) - 1 else []))
+            yield _sse(chunk({}, tail, gen.finish_reason, gen.stop_reason, last=True))
+            if include_usage:
+                yield _sse(dict(base, choices=[], usage=_usage(n_prompt, len(gen.ids))))
+            yield "data: [DONE]\n\n"
+
+        return Response(frames(), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/completions")
+    def completions():
+        body = body_json()
+        state.check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = tok.encode(prompt)
+            prompt_text = prompt
+        elif isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            prompt_ids = list(prompt)
+            if any(i < 0 or i >= tok.vocab_size for i in prompt_ids):
+                raise APIError("Token id out of vocabulary range", 400, param="prompt")
+            prompt_text = tok.decode(prompt_ids)
+        else:
+            raise APIError("prompt must be a string or a list of token ids", 400, param="prompt")
+        if body.get("n", 1) not in (None, 1):
+            raise APIError("The stand-in model server supports only n=1", 400, param="n")
+        max_tokens = body.get("max_tokens", 16)
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise APIError(f"max_tokens must be at least 1, got {max_tokens}.", 400, param="max_tokens")
+        L = config.max_model_len
+        if len(prompt_ids) + (max_tokens or 0) > L or len(prompt_ids) >= L:
+            raise context_error(L, max_tokens)
+        msgs = _messages_from_prompt(prompt_text)
+        reply = decide(msgs, None, scripted=None)
+        if reply.fail is not None:
+            raise APIError(reply.fail_message or "Scripted failure", reply.fail)
+        reply.tool_calls = []
+        ids, text, finish, stop_reason = sample(tok, reply, max_tokens, L - len(prompt_ids), _stops(body),
+                                                bool(body.get("include_stop_str_in_output")))
+        if reply.sleep or config.latency_ms:
+            time.sleep(reply.sleep + config.latency_ms / 1000.0)
+        want_ids = state.wants_ids(body)
+        k = body.get("logprobs")
+        visible = text.replace(tok.eos_token, "")
+        lp = None
+        if k is not None and k is not False:
+            ents = logprob_entries(tok, ids, 0, int(k) if isinstance(k, int) else 0)
+            offsets, off = [], 0
+            for t in ids:
+                offsets.append(off)
+                off += len(tok.token_str(t))
+            lp = {
+                "text_offset": offsets,
+                "token_logprobs": [e["logprob"] for e in ents],
+                "tokens": [e["token"] for e in ents],
+                "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} or None for e in ents],
+            }
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        usage = _usage(len(prompt_ids), len(ids))
+        if body.get("stream"):
+            def frames() -> Iterator[str]:
+                base = {"id": rid, "object": "text_completion", "created": created, "model": config.served_model_name}
+                c = {"index": 0, "text": visible, "logprobs": lp, "finish_reason": None, "stop_reason": None}
+                if want_ids:
+                    c["prompt_token_ids"] = prompt_ids
+                    c["token_ids"] = ids
+                yield _sse(dict(base, choices=[c]))
+                yield _sse(dict(base, choices=[{"index": 0, "text": "", "logprobs": None,
+                                                 "finish_reason": finish, "stop_reason": stop_reason}]))
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    yield _sse(dict(base, choices=[], usage=usage))
+                yield "data: [DONE]\n\n"
+
+            return Response(frames(), mimetype="text/event-stream")
+        return _json_response({
+            "id": rid, "object": "text_completion", "created": created, "model": config.served_model_name,
+            "choices": [{
+                "index": 0, "text": visible, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason,
+                "token_ids": ids if want_ids else None, "prompt_logprobs": None,
+                "prompt_token_ids": prompt_ids if want_ids else None,
+            }],
+            "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None,
+        })
+
+    return app
+
+
+def _messages_from_prompt(prompt_text: str) -> list[dict]:
+    """Best effort: recover the last user turn from a rendered chat prompt."""
+    marker = "<|im_start|>user\n"
+    i = prompt_text.rfind(marker)
+    if i >= 0:
+        seg = prompt_text[i + len(marker):]
+        seg = seg.split("<|im_end|>", 1)[0]
+        return [{"role": "user", "content": seg}]
+    return [{"role": "user", "content": prompt_text}]
+
+
+__all__ = ["ServerConfig", "create_app", "error_body", "context_error"]

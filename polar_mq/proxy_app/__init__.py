@@ -1,0 +1,1 @@
+"""proxy_app (see the package docstring)."""

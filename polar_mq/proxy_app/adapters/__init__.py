@@ -1,0 +1,1 @@
+"""proxy_app/adapters (see the package docstring)."""

@@ -1,0 +1,172 @@
+"""What every provider adapter shares: the normalised request/response types and the error type.
+
+An adapter module (one per provider API) is pure logic — no Flask, no Redis, no HTTP — and exposes:
+
+    PROVIDER: str                                   # "anthropic" | "openai_chat" | ...
+    to_chat(body: dict) -> ChatRequest              # provider request -> normalised OpenAI chat
+    from_chat(result: ChatResult, req: ChatRequest) -> dict       # -> provider response body
+    stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]   # SSE frames
+    error_response(err: GatewayError) -> tuple[int, dict]         # provider-shaped error
+    stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]     # in-stream error
+    error_in_stream(err: GatewayError) -> bool      # True: send as stream events, not HTTP status
+    count_tokens_response(n: int) -> dict           # body for the count-tokens route
+
+`to_chat` raises `GatewayError("invalid_request", ...)` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+# Error kinds and the HTTP status they carry unless a provider says otherwise.
+ERROR_STATUS = {
+    "invalid_request": 400,
+    "authentication": 401,
+    "permission": 403,
+    "not_found": 404,
+    "too_large": 413,
+    "context_length": 400,
+    "rate_limit": 429,
+    "upstream_error": 502,
+    "upstream_unavailable": 503,
+    "store_unavailable": 503,
+    "upstream_timeout": 504,
+    "internal": 500,
+}
+
+
+class GatewayError(Exception):
+    """A failure the gateway reports to the client in the client's own error shape."""
+
+    def __init__(self, kind: str, message: str, *, status: int | None = None,
+                 retryable: bool | None = None, detail: dict[str, Any] | None = None):
+        super().__init__(message)
+        if kind not in ERROR_STATUS:
+            raise ValueError(f"unknown error kind {kind!r}")
+        self.kind = kind
+        self.message = message
+        self.status = status or ERROR_STATUS[kind]
+        self.retryable = retryable if retryable is not None else self.status >= 500 or self.status == 429
+        self.detail = detail or {}
+
+    def __repr__(self) -> str:
+        return f"GatewayError({self.kind!r}, {self.message!r}, status={self.status})"
+
+
+def invalid(message: str) -> GatewayError:
+    return GatewayError("invalid_request", message)
+
+
+@dataclass
+class ChatRequest:
+    """A provider request normalised to OpenAI chat, ready to go upstream."""
+
+    model: str  # the model name the client asked for; echoed back to the client
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)  # [{"type": "function", "function": {...}}]
+    # Upstream sampling / decoding parameters in OpenAI chat vocabulary: max_tokens, temperature,
+    # top_p, top_k, stop, seed, response_format, tool_choice, parallel_tool_calls, ...
+    params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    notes: list[str] = field(default_factory=list)  # what was dropped or changed, kept in the record
+    custom_tools: list[str] = field(default_factory=list)  # Responses custom tools (apply_patch)
+    # Provider-specific context the response side needs (e.g. include_usage, thinking requested).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChatResult:
+    """The upstream's answer, normalised. `message` is an OpenAI assistant message
+    (`content`, `tool_calls`, and `reasoning` when the model thought)."""
+
+    id: str
+    model: str
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created: int = 0
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def reasoning(self) -> str:
+        return self.message.get("reasoning") or self.message.get("reasoning_content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent-event frame. `data` is JSON-encoded unless it is already a string."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+# A comment frame: every SSE parser (the official SDKs, the CLIs) ignores it, so it is safe to
+# send before the first real event to keep idle connections alive during a long upstream call.
+PING = b": ping\n\n"
+
+
+def chunk_text(text: str, size: int = 16) -> Iterator[str]:
+    """Split text into pieces without altering it: "".join(pieces) == text, always."""
+    for i in range(0, len(text), size):
+        yield text[i : i + size]
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as an object; upstream sends a JSON string."""
+    if isinstance(arguments, (dict, list)):
+        return arguments
+    if not arguments:
+        return {}
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return {"_raw": arguments}
+
+
+def dump_arguments(arguments: Any) -> str:
+    """Tool-call arguments as the JSON string OpenAI chat expects."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+
+
+def require(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
+    """Fetch a required field, raising a 400 that names it when missing or of the wrong type."""
+    label = f"{where}{name}"
+    if name not in body or body[name] is None:
+        raise invalid(f"missing required field '{label}'")
+    value = body[name]
+    if not isinstance(value, typ) or isinstance(value, bool) and bool not in _as_tuple(typ):
+        raise invalid(f"field '{label}' must be {_type_name(typ)}, got {type(value).__name__}")
+    return value
+
+
+def optional(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
+    """Fetch an optional field (None when absent), 400 naming it when of the wrong type."""
+    if body.get(name) is None:
+        return None
+    return require(body, name, typ, where)
+
+
+def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
+    return typ if isinstance(typ, tuple) else (typ,)
+
+
+def _type_name(typ: type | tuple[type, ...]) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", int: "an integer",
+             float: "a number", bool: "a boolean"}
+    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(typ))

@@ -1,0 +1,203 @@
+"""OpenAI Chat Completions ⇄ normalised chat (the upstream's own dialect, so mostly validation).
+
+Clients: Qwen Code, opencode / pi with an openai-compatible provider, the openai SDK.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from .base import (ChatRequest, ChatResult, GatewayError, chunk_text, invalid, optional, require,
+                   sse)
+
+PROVIDER = "openai_chat"
+
+# Parameters passed upstream unchanged (vLLM accepts all of them).
+_PASS_PARAMS = {
+    "temperature": (int, float), "top_p": (int, float), "top_k": int, "min_p": (int, float),
+    "seed": int, "presence_penalty": (int, float), "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float), "logit_bias": dict, "response_format": dict,
+    "tool_choice": (str, dict), "parallel_tool_calls": bool, "top_logprobs": int,
+    "chat_template_kwargs": dict, "min_tokens": int, "ignore_eos": bool,
+}
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+def _text_of_parts(parts: list[Any]) -> str | None:
+    """Text-only part arrays collapse to a string (as vLLM does); None if any part is not text."""
+    texts = []
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            return None
+    return "\n".join(texts)
+
+
+def _message(msg: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]."
+    if not isinstance(msg, dict):
+        raise invalid(f"messages[{i}] must be an object")
+    role = require(msg, "role", str, where)
+    if role not in _ROLES:
+        raise invalid(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}")
+    out = dict(msg)
+    if role == "developer":
+        out["role"] = "system"
+    if role == "function":  # legacy function-result messages
+        out = {"role": "tool", "tool_call_id": msg.get("name", ""), "content": msg.get("content")}
+    content = out.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise invalid(f"messages[{i}].content must be a string or an array of parts")
+    if isinstance(content, list):
+        text = _text_of_parts(content)
+        if text is not None:
+            out["content"] = text
+    if role == "assistant":
+        calls = optional(msg, "tool_calls", list, where)
+        for j, call in enumerate(calls or []):
+            if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+                raise invalid(f"messages[{i}].tool_calls[{j}] must be an object with 'function'")
+            require(call["function"], "name", str, f"{where}tool_calls[{j}].function.")
+        if "reasoning_content" in out and "reasoning" not in out:
+            out["reasoning"] = out.pop("reasoning_content")
+    elif role == "user" and content is None:
+        raise invalid(f"missing required field 'messages[{i}].content'")
+    return out
+
+
+def _tools(tools: list[Any], notes: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for j, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise invalid(f"tools[{j}] must be an object")
+        if tool.get("type", "function") != "function":
+            notes.append(f"dropped tool of type {tool.get('type')!r}")
+            continue
+        fn = require(tool, "function", dict, f"tools[{j}].")
+        require(fn, "name", str, f"tools[{j}].function.")
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def to_chat(body: dict[str, Any]) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    model = require(body, "model", str)
+    raw_messages = require(body, "messages", list)
+    if not raw_messages:
+        raise invalid("field 'messages' must not be empty")
+    notes: list[str] = []
+    messages = [_message(m, i) for i, m in enumerate(raw_messages)]
+    tools = _tools(optional(body, "tools", list) or [], notes)
+    if body.get("functions"):
+        tools += [{"type": "function", "function": fn} for fn in body["functions"] if isinstance(fn, dict)]
+    params: dict[str, Any] = {}
+    for name, typ in _PASS_PARAMS.items():
+        value = optional(body, name, typ)
+        if value is not None:
+            params[name] = value
+    max_tokens = optional(body, "max_completion_tokens", int) or optional(body, "max_tokens", int)
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise invalid("field 'max_tokens' must be at least 1")
+        params["max_tokens"] = max_tokens
+    stop = optional(body, "stop", (str, list))
+    if stop:
+        params["stop"] = [stop] if isinstance(stop, str) else stop
+    n = optional(body, "n", int)
+    if n is not None and n != 1:
+        raise invalid("field 'n' must be 1: the gateway records one sample per call")
+    if body.get("reasoning_effort"):
+        notes.append(f"reasoning_effort={body['reasoning_effort']!r} not forwarded")
+    stream = bool(optional(body, "stream", bool))
+    stream_options = optional(body, "stream_options", dict) or {}
+    return ChatRequest(
+        model=model, messages=messages, tools=tools, params=params, stream=stream, notes=notes,
+        extra={"include_usage": bool(stream_options.get("include_usage")),
+               "logprobs": bool(body.get("logprobs"))},
+    )
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens}
+
+
+def _message_out(result: ChatResult) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": result.message.get("content")}
+    if result.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c.get("id"), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}}
+            for c in result.tool_calls
+        ]
+    if result.reasoning:
+        msg["reasoning_content"] = result.reasoning
+    return msg
+
+
+def from_chat(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "message": _message_out(result),
+                              "finish_reason": result.finish_reason, "logprobs": None}
+    if req.extra.get("logprobs"):
+        choice["logprobs"] = (result.raw.get("choices") or [{}])[0].get("logprobs")
+    return {"id": result.id, "object": "chat.completion", "created": result.created or int(time.time()),
+            "model": req.model, "choices": [choice], "usage": _usage(result)}
+
+
+def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
+    base = {"id": result.id, "object": "chat.completion.chunk",
+            "created": result.created or int(time.time()), "model": req.model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in chunk_text(result.reasoning):
+        yield chunk({"reasoning_content": piece})
+    for piece in chunk_text(result.text):
+        yield chunk({"content": piece})
+    for index, call in enumerate(result.tool_calls):
+        fn = call["function"]
+        yield chunk({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",
+                                     "function": {"name": fn["name"], "arguments": ""}}]})
+        for piece in chunk_text(fn.get("arguments") or "{}", 64):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, result.finish_reason)
+    if req.extra.get("include_usage"):
+        yield sse({**base, "choices": [], "usage": _usage(result)})
+    yield b"data: [DONE]\n\n"
+
+
+_TYPES = {
+    "invalid_request": "invalid_request_error", "authentication": "authentication_error",
+    "permission": "permission_error", "not_found": "not_found_error", "too_large": "invalid_request_error",
+    "context_length": "invalid_request_error", "rate_limit": "rate_limit_error",
+}
+
+
+def error_body(err: GatewayError) -> dict[str, Any]:
+    code = {"context_length": "context_length_exceeded", "authentication": "invalid_api_key",
+            "too_large": "request_too_large"}.get(err.kind, err.kind)
+    return {"error": {"message": err.message, "type": _TYPES.get(err.kind, "server_error"),
+                      "param": None, "code": code}}
+
+
+def error_response(err: GatewayError) -> tuple[int, dict[str, Any]]:
+    return err.status, error_body(err)
+
+
+def error_in_stream(err: GatewayError) -> bool:
+    return False
+
+
+def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
+    yield sse(error_body(err))
+    yield b"data: [DONE]\n\n"
+
+
+def count_tokens_response(n: int) -> dict[str, Any]:
+    return {"object": "token_count", "input_tokens": n}

@@ -1,0 +1,359 @@
+"""The gateway: routes each provider API to its adapter, one upstream call and one record per call.
+
+Flow of a generation: resolve the session key → adapter.to_chat → upstream chat (with token ids)
+→ CaptureRecord stored in Redis → adapter.from_chat / stream_events back to the client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from ..model import CaptureRecord, new_id
+from ..settings import GatewaySettings
+from ..store import GatewayStore, StoreUnavailable, connect
+from .adapters.base import PING, ChatRequest, ChatResult, GatewayError
+from .capture import Recorder, fill_error, fill_result, new_record
+from .upstream import UpstreamPool
+
+log = logging.getLogger("polar_mq.gateway")
+
+ADAPTERS = {
+    "anthropic": "polar_mq.proxy_app.adapters.anthropic",
+    "openai_chat": "polar_mq.proxy_app.adapters.openai_chat",
+    "openai_responses": "polar_mq.proxy_app.adapters.openai_responses",
+    "gemini": "polar_mq.proxy_app.adapters.gemini",
+}
+GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
+                  "countTokens": (False, True)}
+
+
+def adapter(provider: str) -> ModuleType:
+    return importlib.import_module(ADAPTERS[provider])
+
+
+def provider_for_path(path: str) -> str:
+    """Which provider's error shape a path expects (used before routing succeeded, too)."""
+    if "/messages" in path:
+        return "anthropic"
+    if "/responses" in path:
+        return "openai_responses"
+    if "/models/" in path and ":" in path:
+        return "gemini"
+    return "openai_chat"
+
+
+@dataclass
+class Outcome:
+    result: ChatResult | None
+    error: GatewayError | None
+
+
+class Gateway:
+    """Shared state of one gateway process: settings, Redis store, upstream pool, worker threads."""
+
+    def __init__(self, settings: GatewaySettings, store: GatewayStore, pool: UpstreamPool):
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        spool = settings.spool_dir or os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "spool")
+        self.recorder = Recorder(store, spool)
+        self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="upstream")
+        self._served_model = settings.served_model
+
+    # --- model names ----------------------------------------------------------------------------
+    @property
+    def served_model(self) -> str:
+        if not self._served_model:
+            self._served_model = self.pool.served_model()
+        if not self._served_model:
+            raise GatewayError("upstream_unavailable", "no upstream answered /v1/models; "
+                               "cannot tell which model to serve (pass --served-model)")
+        return self._served_model
+
+    # --- sessions -------------------------------------------------------------------------------
+    def session_for(self, key: str | None) -> str:
+        if not key:
+            raise GatewayError("authentication", "missing session key: use the /s/<key> base URL or "
+                               "send the key as the API key")
+        try:
+            sid = self.store.resolve_key(key)
+        except StoreUnavailable as exc:
+            raise GatewayError("store_unavailable", f"session store unavailable: {exc}") from exc
+        if sid is None:
+            raise GatewayError("authentication", "unknown session key")
+        return sid
+
+    def base_urls(self, key: str) -> dict[str, str]:
+        root = f"{self.settings.base_url}/s/{key}"
+        return {"anthropic": root, "openai": f"{root}/v1", "gemini": root}
+
+    # --- generation -----------------------------------------------------------------------------
+    def upstream_body(self, req: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.served_model, "messages": req.messages, **req.params,
+                                "stream": False, "logprobs": True, "return_token_ids": True}
+        if req.tools:
+            body["tools"] = req.tools
+        return body
+
+    def call(self, record: CaptureRecord, body: dict[str, Any]) -> Outcome:
+        """One upstream call, recorded whatever happens. Runs on a worker thread for streams."""
+        t0 = time.monotonic()
+        result = error = None
+        try:
+            result, url = self.pool.chat(body, record.session_id)
+            fill_result(record, result, url)
+        except GatewayError as exc:
+            error = exc
+            fill_error(record, exc)
+        except Exception as exc:  # never lose the record, even on a bug
+            log.exception("upstream call failed")
+            error = GatewayError("internal", f"gateway error: {exc}")
+            fill_error(record, error)
+        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
+        try:
+            self.recorder.save(record)
+        except GatewayError as exc:
+            return Outcome(None, exc)
+        return Outcome(result, error)
+
+    def generate(self, provider: str, session_id: str, body: dict[str, Any], *,
+                 model: str | None = None, stream: bool | None = None,
+                 extra: dict[str, Any] | None = None) -> Response:
+        mod = adapter(provider)
+        req: ChatRequest = mod.to_chat(body)
+        if model:
+            req.model = model
+        if stream is not None:
+            req.stream = stream
+        req.extra.update(extra or {})
+        record = new_record(session_id, provider, req, body, self._served_model,
+                            retry_count=_int(request.headers.get("x-stainless-retry-count")))
+        upstream = self.upstream_body(req)
+        record.model_served = upstream["model"]
+        if not req.stream:
+            outcome = self.call(record, upstream)
+            if outcome.error:
+                return error_response(mod, outcome.error)
+            return jsonify(mod.from_chat(outcome.result, req))
+        future = self.executor.submit(self.call, record, upstream)
+        return self.stream(mod, req, future)
+
+    def stream(self, mod: ModuleType, req: ChatRequest, future: Future) -> Response:
+        """A streamed answer. Headers wait up to first_byte_wait so that early errors keep their
+        HTTP status; after that, comment pings flow until the upstream answers."""
+        outcome: Outcome | None
+        try:
+            outcome = future.result(timeout=self.settings.first_byte_wait)
+        except FutureTimeout:
+            outcome = None
+        if outcome is not None and outcome.error and not mod.error_in_stream(outcome.error):
+            return error_response(mod, outcome.error)
+        content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
+        ping = PING if content_type.startswith("text/event-stream") else b"\n"
+        interval = self.settings.ping_interval
+
+        def frames() -> Iterator[bytes]:
+            done = outcome
+            if done is None:
+                yield ping
+            while done is None:
+                try:
+                    done = future.result(timeout=interval)
+                except FutureTimeout:
+                    yield ping
+            if done.error:
+                yield from mod.stream_error(done.error, req)
+            else:
+                yield from mod.stream_events(done.result, req)
+
+        return Response(frames(), status=200, content_type=content_type,
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def count_tokens(self, provider: str, session_id: str, body: dict[str, Any]) -> Response:
+        """Token counting answers from the upstream's tokenizer and records nothing."""
+        mod = adapter(provider)
+        if provider == "gemini" and hasattr(mod, "count_request_body"):
+            body = mod.count_request_body(body)
+        if provider == "anthropic":
+            body = {"max_tokens": 1, **body}
+        if provider == "gemini":
+            body = {"model": "count", **body}
+        req = mod.to_chat(body)
+        n = self.pool.tokenize(req.messages, req.tools, self.served_model, session_id)
+        if n is None:  # no upstream tokenizer: a rough estimate beats an error for a count
+            n = max(1, len(json.dumps(req.messages)) // 4)
+        return jsonify(mod.count_tokens_response(n))
+
+
+def error_response(mod: ModuleType, err: GatewayError) -> Response:
+    status, body = mod.error_response(err)
+    resp = jsonify(body)
+    resp.status_code = status
+    resp.headers["x-should-retry"] = "true" if err.retryable else "false"
+    if status in (429, 503, 529):
+        resp.headers["retry-after"] = "1"
+    return resp
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+def request_key(url_key: str | None) -> str | None:
+    """The session key: from the /s/<key> prefix, else from whatever header the SDK put it in."""
+    if url_key:
+        return url_key
+    for header in ("x-api-key", "x-goog-api-key"):
+        if request.headers.get(header):
+            return request.headers[header]
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.args.get("key")
+
+
+def read_json(max_bytes: int) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise GatewayError("too_large", f"request body of {request.content_length} bytes exceeds "
+                           f"the gateway limit of {max_bytes} bytes")
+    data = request.get_data(cache=True)
+    if len(data) > max_bytes:
+        raise GatewayError("too_large", f"request body exceeds the gateway limit of {max_bytes} bytes")
+    if not data.strip():
+        raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
+               pool: UpstreamPool | None = None, startup_checks: bool = True) -> Flask:
+    if store is None:
+        if not settings.redis_url:
+            raise ValueError("settings.redis_url is required")
+        store = GatewayStore(connect(settings.redis_url))
+    if pool is None:
+        pool = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
+                            connect_timeout=settings.connect_timeout, retries=settings.retries,
+                            backoff=settings.retry_backoff, health_interval=settings.health_interval)
+    gw = Gateway(settings, store, pool)
+    if startup_checks:
+        pool.check_all(settings.served_model)
+        if settings.check_token_ids and not any(u.token_ids for u in pool.upstreams):
+            log.error("no upstream confirmed that it returns token ids: %s", pool.describe())
+        pool.start_health_thread(settings.served_model)
+        try:
+            gw.recorder.replay_spool()
+        except Exception:  # a bad spool file must not stop the gateway
+            log.exception("could not replay the spool")
+
+    app = Flask("polar_mq.gateway")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1024
+    app.extensions["polar_gateway"] = gw
+
+    def provider_route(provider: str, action: Callable[[str, str | None, dict], Response]):
+        def view(key: str | None = None, **kwargs: Any) -> Response:
+            try:
+                sid = gw.session_for(request_key(key))
+                body = read_json(settings.max_body_bytes)
+                return action(sid, body, **kwargs)
+            except GatewayError as err:
+                return error_response(adapter(provider), err)
+        return view
+
+    def add(rule: str, endpoint: str, view, methods=("POST",), **options: Any) -> None:
+        app.add_url_rule(rule, endpoint, view, methods=list(methods), **options)
+        app.add_url_rule(f"/s/<key>{rule}", f"s_{endpoint}", view, methods=list(methods), **options)
+
+    add("/v1/messages", "anthropic", provider_route(
+        "anthropic", lambda sid, body: gw.generate("anthropic", sid, body)))
+    add("/v1/messages/count_tokens", "anthropic_count", provider_route(
+        "anthropic", lambda sid, body: gw.count_tokens("anthropic", sid, body)))
+    chat_view = provider_route("openai_chat", lambda sid, body: gw.generate("openai_chat", sid, body))
+    add("/v1/chat/completions", "chat", chat_view)
+    add("/chat/completions", "chat_nov1", chat_view)
+    add("/v1/responses", "responses", provider_route(
+        "openai_responses", lambda sid, body: gw.generate("openai_responses", sid, body)))
+    add("/v1/responses/input_tokens", "responses_count", provider_route(
+        "openai_responses", lambda sid, body: gw.count_tokens("openai_responses", sid, body)))
+
+    def gemini_action(sid: str, body: dict, target: str) -> Response:
+        model, _, action = target.rpartition(":")
+        if action not in GEMINI_ACTIONS or not model:
+            raise GatewayError("not_found", f"unknown Gemini method {target!r}; expected "
+                               f"<model>:generateContent, :streamGenerateContent or :countTokens")
+        stream, count = GEMINI_ACTIONS[action]
+        if count:
+            return gw.count_tokens("gemini", sid, body)
+        extra = {"alt": request.args.get("alt", "json")}
+        return gw.generate("gemini", sid, {"model": model, **body}, model=model, stream=stream, extra=extra)
+
+    add("/v1beta/models/<path:target>", "gemini_beta", provider_route("gemini", gemini_action))
+    add("/v1/models/<path:target>", "gemini_v1", provider_route("gemini", gemini_action))
+
+    def responses_get(key: str | None = None) -> Response:
+        # Codex first tries a WebSocket upgrade here; 426 makes it fall back to HTTP POST.
+        body = {"error": {"message": "WebSocket transport is not supported; use HTTP POST",
+                          "type": "invalid_request_error", "param": None, "code": "upgrade_required"}}
+        resp = jsonify(body)
+        resp.status_code = 426
+        resp.headers["Upgrade"] = "HTTP/1.1"
+        return resp
+
+    add("/v1/responses", "responses_get", responses_get, methods=("GET",))
+    # werkzeug routes WebSocket handshakes only to websocket rules: without this one they get 405.
+    add("/v1/responses", "responses_ws", responses_get, methods=("GET",), websocket=True)
+
+    def list_models(key: str | None = None) -> Response:
+        name = gw._served_model or "unknown"
+        return jsonify({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                     "owned_by": "polar_mq"}]})
+
+    def list_gemini_models(key: str | None = None) -> Response:
+        name = gw._served_model or "unknown"
+        return jsonify({"models": [{"name": f"models/{name}", "displayName": name,
+                                    "supportedGenerationMethods": list(GEMINI_ACTIONS)}]})
+
+    add("/v1/models", "models", list_models, methods=("GET",))
+    add("/v1beta/models", "gemini_models", list_gemini_models, methods=("GET",))
+
+    from . import sessions_api
+    sessions_api.register(app, gw)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        kind = {400: "invalid_request", 401: "authentication", 404: "not_found", 405: "invalid_request",
+                413: "too_large"}.get(exc.code or 500, "internal")
+        if isinstance(exc, RequestEntityTooLarge):
+            msg = f"request body exceeds the gateway limit of {settings.max_body_bytes} bytes"
+        else:
+            msg = f"{exc.name}: {exc.description} ({request.method} {request.path})"
+        err = GatewayError(kind, msg, status=exc.code)
+        return error_response(adapter(provider_for_path(request.path)), err)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception):
+        log.exception("unhandled error on %s", request.path)
+        err = GatewayError("internal", f"gateway internal error: {type(exc).__name__}: {exc}")
+        return error_response(adapter(provider_for_path(request.path)), err)
+
+    return app

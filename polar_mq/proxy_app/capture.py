@@ -1,0 +1,97 @@
+"""Capture records: build one per model call and store it, never losing it silently.
+
+When Redis is down the record is spooled to a local msgpack file and the client gets a 503;
+`replay_spool` pushes spooled records back into Redis once it is reachable again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ..model import CaptureRecord
+from ..store import GatewayStore, StoreUnavailable, pack
+from .adapters.base import ChatRequest, ChatResult, GatewayError
+
+log = logging.getLogger("polar_mq.capture")
+
+
+def new_record(session_id: str, provider: str, req: ChatRequest, body: dict[str, Any],
+               served_model: str | None, retry_count: int = 0) -> CaptureRecord:
+    return CaptureRecord(
+        session_id=session_id, provider=provider, stream=req.stream, model_requested=req.model,
+        model_served=served_model, request=body, messages=req.messages, tools=req.tools,
+        params=dict(req.params), notes=list(req.notes), retry_count=retry_count,
+    )
+
+
+def fill_result(record: CaptureRecord, result: ChatResult, upstream_url: str) -> None:
+    record.response_message = result.message
+    record.prompt_token_ids = list(result.prompt_token_ids or [])
+    record.completion_token_ids = list(result.completion_token_ids or [])
+    record.completion_logprobs = list(result.logprobs or [])
+    record.finish_reason = result.finish_reason
+    record.model_served = result.model or record.model_served
+    record.upstream_url = upstream_url
+    record.usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+    if result.prompt_token_ids is None or result.completion_token_ids is None:
+        record.notes.append("upstream returned no token ids")
+    elif result.logprobs is not None and len(result.logprobs) != len(record.completion_token_ids):
+        record.notes.append(f"logprobs misaligned: {len(result.logprobs)} logprobs for "
+                            f"{len(record.completion_token_ids)} sampled ids")
+
+
+def fill_error(record: CaptureRecord, err: GatewayError) -> None:
+    record.status = "error"
+    record.error = f"{err.kind}: {err.message}"
+
+
+class Recorder:
+    """Appends records to Redis; spools them to disk when Redis is unavailable."""
+
+    def __init__(self, store: GatewayStore, spool_dir: str):
+        self.store = store
+        self.spool_dir = Path(spool_dir)
+        self._lock = threading.Lock()
+
+    def save(self, record: CaptureRecord) -> None:
+        """Store the record; on Redis failure spool it and raise GatewayError(store_unavailable)."""
+        try:
+            self.store.append_call(record)
+        except StoreUnavailable as exc:
+            self._spool(record)
+            raise GatewayError("store_unavailable",
+                               f"the gateway could not store the call ({exc}); it was kept in the "
+                               f"gateway's spool and will be replayed. Retry the request.") from exc
+
+    def _spool(self, record: CaptureRecord) -> None:
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock, open(self.spool_dir / f"{record.session_id}.msgpack", "ab") as fh:
+            fh.write(pack(record.to_dict()))
+            fh.flush()
+            os.fsync(fh.fileno())
+        log.error("redis unavailable: spooled call %s of session %s to %s", record.call_id,
+                  record.session_id, self.spool_dir)
+
+    def replay_spool(self) -> int:
+        """Push spooled records into Redis; returns how many were replayed."""
+        if not self.spool_dir.is_dir():
+            return 0
+        total = 0
+        for path in sorted(self.spool_dir.glob("*.msgpack")):
+            with self._lock:
+                with open(path, "rb") as fh:
+                    records = [CaptureRecord.from_dict(d) for d in msgpack.Unpacker(fh, raw=False)]
+                try:
+                    total += self.store.append_calls(records)
+                except StoreUnavailable:
+                    return total
+                path.unlink()
+        if total:
+            log.warning("replayed %d spooled calls into redis", total)
+        return total

@@ -1,0 +1,120 @@
+"""The gateway's own HTTP resources: health, sessions, captured calls and trajectories.
+
+Errors here are JSON problem details (RFC 9457), not provider shapes: callers are our own
+pipeline and scripts, not harnesses.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, jsonify, request
+
+from ..store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from .app import Gateway
+
+
+def problem(status: int, title: str, detail: str) -> Response:
+    resp = jsonify({"type": "about:blank", "title": title, "status": status, "detail": detail})
+    resp.status_code = status
+    resp.content_type = "application/problem+json"
+    return resp
+
+
+def register(app: Flask, gw: "Gateway") -> None:
+    token = gw.settings.admin_token
+
+    def authorised() -> bool:
+        if not token:
+            return True
+        auth = request.headers.get("Authorization", "")
+        return auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip(), token)
+
+    @app.route("/", methods=["GET", "HEAD"])
+    def root() -> Response:
+        # Claude Code sends HEAD / before its first call; any 200 will do.
+        return jsonify({"service": "polar_mq gateway", "health": "/health"})
+
+    @app.get("/health")
+    def health() -> Response:
+        try:
+            redis_ok = gw.store.ping()
+        except StoreUnavailable:
+            redis_ok = False
+        ups = gw.pool.describe()
+        token_ids = bool(ups) and all(u["token_ids"] for u in ups if u["healthy"])
+        ok = redis_ok and any(u["healthy"] for u in ups)
+        warnings = []
+        if not token_ids:
+            warnings.append("an upstream does not return token ids: captured calls are not trainable")
+        return jsonify({"status": "ok" if ok and token_ids else "degraded", "redis": redis_ok,
+                        "served_model": gw._served_model, "token_ids": token_ids,
+                        "upstreams": ups, "warnings": warnings})
+
+    @app.post("/sessions")
+    def create_session() -> Response:
+        if not authorised():
+            return problem(401, "Unauthorized", "a valid bearer token is required")
+        body: Any = request.get_json(silent=True) if request.get_data() else {}
+        if body is None or not isinstance(body, dict):
+            return problem(400, "Bad Request", "body must be a JSON object (or empty)")
+        for name, typ in (("session_id", str), ("task_id", str), ("metadata", dict)):
+            if body.get(name) is not None and not isinstance(body[name], typ):
+                return problem(400, "Bad Request", f"field '{name}' must be a {typ.__name__}")
+        session_id = body.get("session_id") or uuid.uuid4().hex
+        try:
+            session, created = gw.store.create_session(session_id, body.get("task_id"), body.get("metadata"))
+        except StoreUnavailable as exc:
+            return problem(503, "Service Unavailable", str(exc))
+        resp = jsonify({"session_id": session.session_id, "key": session.key,
+                        "base_urls": gw.base_urls(session.key), "task_id": session.task_id,
+                        "metadata": session.metadata, "created": created})
+        resp.status_code = 201 if created else 200
+        return resp
+
+    @app.get("/sessions/<session_id>")
+    def get_session(session_id: str) -> Response:
+        if not authorised():
+            return problem(401, "Unauthorized", "a valid bearer token is required")
+        try:
+            session = gw.store.get_session(session_id)
+        except StoreUnavailable as exc:
+            return problem(503, "Service Unavailable", str(exc))
+        if session is None:
+            return problem(404, "Not Found", f"no session {session_id!r}")
+        return jsonify({**session.to_dict(), "base_urls": gw.base_urls(session.key)})
+
+    @app.get("/sessions/<session_id>/calls")
+    def calls(session_id: str) -> Response:
+        if not authorised():
+            return problem(401, "Unauthorized", "a valid bearer token is required")
+        try:
+            if gw.store.get_session(session_id) is None:
+                return problem(404, "Not Found", f"no session {session_id!r}")
+            records = gw.store.calls(session_id)
+        except StoreUnavailable as exc:
+            return problem(503, "Service Unavailable", str(exc))
+        return jsonify({"session_id": session_id, "calls": [r.to_dict() for r in records]})
+
+    @app.get("/sessions/<session_id>/trajectory")
+    def trajectory(session_id: str) -> Response:
+        if not authorised():
+            return problem(401, "Unauthorized", "a valid bearer token is required")
+        builder = request.args.get("builder", "per_request")
+        try:
+            session = gw.store.get_session(session_id)
+            if session is None:
+                return problem(404, "Not Found", f"no session {session_id!r}")
+            records = gw.store.calls(session_id)
+        except StoreUnavailable as exc:
+            return problem(503, "Service Unavailable", str(exc))
+        from .. import merge
+        try:
+            traj = merge.build(builder, records, None, session_id=session_id, task_id=session.task_id)
+        except (ValueError, ImportError) as exc:
+            return problem(400, "Bad Request", str(exc))
+        return jsonify(traj.to_dict())

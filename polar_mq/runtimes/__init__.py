@@ -1,0 +1,1 @@
+"""runtimes (see the package docstring)."""

@@ -1,0 +1,59 @@
+"""Configuration objects, read once from env / CLI flags and passed down.
+
+Nothing else in the package reads `os.environ` for configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+@dataclass
+class GatewaySettings:
+    upstreams: list[str] = field(default_factory=list)
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8600
+    served_model: str | None = None
+    public_url: str | None = None  # base of the URLs handed to harnesses; default http://host:port
+    admin_token: str | None = None  # when set, /sessions endpoints need Authorization: Bearer
+    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_timeout: float = 600.0  # seconds for one upstream generation
+    connect_timeout: float = 5.0
+    retries: int = 3  # extra attempts on connection errors and 5xx
+    retry_backoff: float = 0.25  # seconds, doubled per attempt
+    health_interval: float = 15.0
+    first_byte_wait: float = 2.0  # streaming: wait this long for the upstream before sending headers
+    ping_interval: float = 5.0  # streaming keep-alive while the upstream works
+    spool_dir: str | None = None  # where records go when Redis is down (never lost silently)
+    check_token_ids: bool = True
+
+    @classmethod
+    def from_env(cls, **overrides) -> "GatewaySettings":
+        env = os.environ
+        s = cls(
+            upstreams=[u for u in env.get("POLAR_UPSTREAMS", "").split(",") if u],
+            redis_url=env.get("POLAR_REDIS_URL") or None,
+            served_model=env.get("POLAR_SERVED_MODEL") or None,
+            public_url=env.get("POLAR_GATEWAY_PUBLIC_URL") or None,
+            admin_token=env.get("POLAR_GATEWAY_TOKEN") or None,
+            upstream_timeout=_env_float("POLAR_UPSTREAM_TIMEOUT", 600.0),
+            first_byte_wait=_env_float("POLAR_FIRST_BYTE_WAIT", 2.0),
+            ping_interval=_env_float("POLAR_PING_INTERVAL", 5.0),
+            spool_dir=env.get("POLAR_SPOOL_DIR") or None,
+            max_body_bytes=int(env.get("POLAR_MAX_BODY_BYTES") or 32 * 1024 * 1024),
+        )
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(s, k, v)
+        return s
+
+    @property
+    def base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -1,0 +1,138 @@
+"""Redis layout and msgpack encoding: the one place that knows key names.
+
+Gateway sessions, their keys and their capture records live here; later stages (API, workers)
+add their own keys to `Keys` rather than spelling key strings elsewhere.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Iterable
+
+import msgpack
+import redis
+
+from .model import CaptureRecord, GatewaySession, Trajectory
+
+
+class Keys:
+    """Every Redis key polar_mq uses, under one prefix."""
+
+    def __init__(self, prefix: str = "pmq"):
+        self.prefix = prefix
+
+    def gateway_key(self, key: str) -> str:
+        return f"{self.prefix}:gw:key:{key}"
+
+    def gateway_session(self, session_id: str) -> str:
+        return f"{self.prefix}:gw:session:{session_id}"
+
+    def calls(self, session_id: str) -> str:
+        return f"{self.prefix}:gw:calls:{session_id}"
+
+    def trajectory(self, session_id: str, builder: str) -> str:
+        return f"{self.prefix}:traj:{session_id}:{builder}"
+
+    def gateway_paused(self) -> str:
+        return f"{self.prefix}:gw:paused"
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
+
+
+class StoreUnavailable(Exception):
+    """Redis could not be reached; callers turn this into a 503, never a silent loss."""
+
+
+def _guard(fn):
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"redis unavailable: {exc}") from exc
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def connect(url: str) -> redis.Redis:
+    """A client with short timeouts: the gateway must answer 503 quickly when Redis is down."""
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
+                                health_check_interval=30)
+
+
+class GatewayStore:
+    """Sessions, session keys and capture records."""
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None):
+        self.r = client
+        self.keys = keys or Keys()
+
+    @_guard
+    def ping(self) -> bool:
+        return bool(self.r.ping())
+
+    @_guard
+    def create_session(self, session_id: str, task_id: str | None = None,
+                       metadata: dict[str, Any] | None = None) -> tuple[GatewaySession, bool]:
+        """Create a session (or return the existing one with that id). Returns (session, created)."""
+        existing = self.get_session(session_id)
+        if existing is not None:
+            return existing, False
+        session = GatewaySession(session_id=session_id, key="pmq-" + secrets.token_urlsafe(24),
+                                 task_id=task_id, metadata=metadata or {})
+        pipe = self.r.pipeline()
+        # NX on the session record makes concurrent creations of one id agree on a single key.
+        pipe.set(self.keys.gateway_session(session_id), pack(session.to_dict()), nx=True)
+        result = pipe.execute()
+        if not result[0]:
+            return self.get_session(session_id), False  # type: ignore[return-value]
+        self.r.set(self.keys.gateway_key(session.key), session_id)
+        return session, True
+
+    @_guard
+    def get_session(self, session_id: str) -> GatewaySession | None:
+        blob = self.r.get(self.keys.gateway_session(session_id))
+        return GatewaySession.from_dict(unpack(blob)) if blob else None
+
+    @_guard
+    def resolve_key(self, key: str) -> str | None:
+        """Session id for a session key, or None for an unknown key."""
+        sid = self.r.get(self.keys.gateway_key(key))
+        return sid.decode() if sid else None
+
+    @_guard
+    def append_call(self, record: CaptureRecord) -> None:
+        self.r.rpush(self.keys.calls(record.session_id), pack(record.to_dict()))
+
+    @_guard
+    def calls(self, session_id: str) -> list[CaptureRecord]:
+        blobs = self.r.lrange(self.keys.calls(session_id), 0, -1)
+        records = [CaptureRecord.from_dict(unpack(b)) for b in blobs]
+        records.sort(key=lambda rec: rec.started_at)
+        return records
+
+    @_guard
+    def append_calls(self, records: Iterable[CaptureRecord]) -> int:
+        n = 0
+        pipe = self.r.pipeline()
+        for rec in records:
+            pipe.rpush(self.keys.calls(rec.session_id), pack(rec.to_dict()))
+            n += 1
+        pipe.execute()
+        return n
+
+    @_guard
+    def save_trajectory(self, trajectory: Trajectory) -> None:
+        self.r.set(self.keys.trajectory(trajectory.session_id, trajectory.builder),
+                   pack(trajectory.to_dict()))
+
+    @_guard
+    def paused(self) -> bool:
+        return bool(self.r.exists(self.keys.gateway_paused()))

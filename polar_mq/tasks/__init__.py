@@ -1,0 +1,1 @@
+"""tasks (see the package docstring)."""

