@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "urllib3", "google_genai"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
 

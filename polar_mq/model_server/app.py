@@ -299,6 +299,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
     state = StandIn(config)
     tok = state.tok
     app = Flask("polar_mq.model_server")
+    # Key order is data here (tool arguments, schemas render into prompts): never sort it.
+    app.json.sort_keys = False
     app.config["STAND_IN"] = state
 
     def body_json() -> dict:
