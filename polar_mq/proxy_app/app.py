@@ -161,7 +161,8 @@ class Gateway:
         if outcome is not None and outcome.error and not mod.error_in_stream(outcome.error):
             return error_response(mod, outcome.error)
         content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
-        ping = PING if content_type.startswith("text/event-stream") else b"\n"
+        # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
+        ping = mod.stream_ping(req) if hasattr(mod, "stream_ping") else PING
         interval = self.settings.ping_interval
 
         def frames() -> Iterator[bytes]:
