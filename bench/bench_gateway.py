@@ -10,6 +10,8 @@ times sequential requests:
 Prints p50/p99 latencies and overhead ratios side by side.
 
     python bench/bench_gateway.py [-n 200] [--litellm-python /tmp/litellm-venv/bin/python]
+
+LiteLLM in its own venv: python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install "litellm[proxy]"
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 
 SYSTEM_80K = ("You are an agent working in a repository. Follow the instructions carefully, use the "
-              "tools provided, and report what you changed. ") * 560  # ~80 KB
+              "tools provided, and report what you changed. ") * 600  # ~80 KB
 
 
 def spawn(args: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -135,14 +137,16 @@ def main() -> int:
                 procs.append(spawn([args.litellm_python, "-m", "litellm.proxy.proxy_cli", "--config",
                                     str(config), "--port", str(lport), "--host", "127.0.0.1", "--num_workers", "1"],
                                    f"http://127.0.0.1:{lport}/health/liveliness", logs / "litellm.log",
-                                   env={"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR"}))
+                                   env={"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR",
+                                        "LITELLM_MASTER_KEY": "sk-polar-bench-0123456789abcdef0123456789"}))
                 lit = f"http://127.0.0.1:{lport}"
                 series["small: litellm (openai chat)"] = timed(
                     lambda: http.post(f"{lit}/v1/chat/completions", json=small_chat,
-                                      headers={"Authorization": "Bearer sk-x"}), args.n)
+                                      headers={"Authorization": "Bearer sk-polar-bench-0123456789abcdef0123456789"}), args.n)
                 series["80KB: litellm (anthropic)"] = timed(
                     lambda: http.post(f"{lit}/v1/messages", json=large_anthropic,
-                                      headers={"x-api-key": "sk-x", "anthropic-version": "2023-06-01"}),
+                                      headers={"x-api-key": "sk-polar-bench-0123456789abcdef0123456789",
+                                               "anthropic-version": "2023-06-01"}),
                     args.n_large)
 
         calls = http.get(f"{gateway}/sessions/{session['session_id']}/calls", timeout=30).json()["calls"]
