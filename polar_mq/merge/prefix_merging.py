@@ -1,0 +1,174 @@
+"""prefix_merging: one trace per chain of calls that extend each other token by token.
+
+A chain's trace is the first call's prompt, then for each call its sampled tokens (mask 1, real
+logprobs) followed by the tokens the next prompt adds (tool results, template glue, an
+end-of-turn token the sampled ids lacked: mask 0, logprob 0). Unlike the reference, the result
+does not depend on arrival order, nothing is dropped at a break (the rest of the conversation
+becomes another trace, labelled and linked), and side calls, sub-agents, retries and forks are
+separated and labelled in ``trace.metadata``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from polar_mq.merge.base import BuildResult
+from polar_mq.merge.breaks import BreakFinder
+from polar_mq.merge.chains import Chain, cut_chains
+from polar_mq.merge.conversations import group, link_breaks
+from polar_mq.merge.eos import resolve_eos
+from polar_mq.merge.forest import build_forest
+from polar_mq.merge.records import Call, conversation_messages, prepare
+from polar_mq.merge.roles import Conversation, label_roles
+from polar_mq.merge.stats import base_stats
+from polar_mq.model import CaptureRecord, Trace
+
+
+@dataclass(frozen=True)
+class PrefixMergingConfig:
+    eos_token_id: int | None = None  # the template's end-of-turn token; inferred when None
+    infer_eos: bool = True
+    include_messages: bool = True  # False drops messages/tools from traces (smaller payloads)
+    # Without messages to compare, a root whose prompt shares at least this fraction of an earlier
+    # prompt (and is longer than that call's whole sequence) resumes its conversation.
+    min_shared_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_shared_fraction <= 1.0:
+            raise ValueError("config key 'min_shared_fraction' must be between 0 and 1")
+        if self.eos_token_id is not None and self.eos_token_id < 0:
+            raise ValueError("config key 'eos_token_id' must be a token id (>= 0)")
+
+
+@dataclass
+class _Assembled:
+    trace: Trace
+    interstitial: int
+    eos_inserted: int
+
+
+def assemble(chain: Chain, calls: list[Call], eos: int | None, include_messages: bool) -> _Assembled:
+    """Lay the chain's calls end to end. Invariant: prompt + response == last call's full
+    sequence, because each next prompt extends the previous call's full sequence."""
+    members = [calls[i] for i in chain.calls]
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] | None = []
+    inter_total = eos_inserted = 0
+    for k, call in enumerate(members):
+        response += call.completion
+        mask += [1] * len(call.completion)
+        if logprobs is not None and call.logprobs is not None:
+            logprobs += call.logprobs
+        else:
+            logprobs = None
+        if k + 1 < len(members):
+            inter = members[k + 1].prompt[len(call.full):]
+            response += inter
+            mask += [0] * len(inter)
+            if logprobs is not None:
+                logprobs += [0.0] * len(inter)
+            inter_total += len(inter)
+            if eos is not None and inter and inter[0] == eos and call.completion[-1] != eos:
+                eos_inserted += 1
+    last = members[-1].record
+    trace = Trace(
+        prompt_ids=list(members[0].prompt),
+        response_ids=response,
+        loss_mask=mask,
+        response_logprobs=logprobs,
+        messages=conversation_messages(last) if include_messages else [],
+        tools=list(last.tools or []) if include_messages else [],
+        finish_reason=last.finish_reason,
+        call_ids=[c.call_id for c in members],
+    )
+    return _Assembled(trace, inter_total, eos_inserted)
+
+
+def _metadata(chain: Chain, asm: _Assembled, calls: list[Call], conv: Conversation,
+              chain_of_call: dict[int, int]) -> dict[str, Any]:
+    """Labels and links; trace indices equal chain indices (both in canonical order)."""
+    members = [calls[i] for i in chain.calls]
+    meta: dict[str, Any] = {
+        "role": chain.role,
+        "role_reason": chain.role_reason,
+        "conversation": conv.id,
+        "conversation_role": conv.role,
+        "calls": len(members),
+        "sampled_tokens": sum(len(c.completion) for c in members),
+        "interstitial_tokens": asm.interstitial,
+        "eos_inserted": asm.eos_inserted,
+        "truncated_calls": sum(1 for c in members if c.truncated),
+        "started_at": members[0].started_at,
+        "parent_trace": None,
+        "branch_call_id": None,
+        "break": chain.break_kind,
+        "continues_trace": None,
+    }
+    if chain.origin == "retry" or (chain.origin == "fork" and chain.sibling is not None):
+        meta["parent_trace"] = chain_of_call[chain.sibling]
+        meta["same_prompt_as_call_id"] = calls[chain.sibling].call_id
+    elif chain.origin in ("fork", "break") and chain.branch_call is not None:
+        meta["parent_trace"] = chain_of_call[chain.branch_call]
+    if chain.branch_call is not None:
+        meta["branch_call_id"] = calls[chain.branch_call].call_id
+    if chain.continues is not None:
+        meta["continues_trace"] = chain.continues
+        meta.update(chain.extra)
+    if chain.origin == "root" and chain.continues is None and conv.spawned_by is not None:
+        meta["spawned_by_call_id"] = calls[conv.spawned_by].call_id
+    return meta
+
+
+class PrefixMergingBuilder:
+    name: ClassVar[str] = "prefix_merging"
+    Config: ClassVar[type] = PrefixMergingConfig
+
+    def __init__(self, config: PrefixMergingConfig | None = None):
+        self.config = config or PrefixMergingConfig()
+
+    def build(self, records: list[CaptureRecord]) -> BuildResult:
+        cfg = self.config
+        prep = prepare(records)
+        calls = prep.calls
+        eos, eos_source = resolve_eos(calls, cfg.eos_token_id, cfg.infer_eos)
+        forest = build_forest(calls)
+        chains = cut_chains(forest, eos)
+        chain_of_call = {i: ci for ci, ch in enumerate(chains) for i in ch.calls}
+        link_breaks(chains, BreakFinder(calls, eos, cfg.min_shared_fraction), chain_of_call)
+        convs = group(chains, chain_of_call)
+        label_roles(chains, convs, calls)
+        traces: list[Trace] = []
+        eos_inserted = 0
+        for ci, chain in enumerate(chains):
+            asm = assemble(chain, calls, eos, cfg.include_messages)
+            asm.trace.metadata = _metadata(chain, asm, calls, convs[chain.conversation],
+                                           chain_of_call)
+            eos_inserted += asm.eos_inserted
+            traces.append(asm.trace)
+        stats = base_stats(prep, traces)
+        stats.update(_merge_stats(chains, convs, eos, eos_source, eos_inserted))
+        return BuildResult(traces, stats)
+
+
+def _merge_stats(chains: list[Chain], convs: list[Conversation], eos: int | None,
+                 eos_source: str, eos_inserted: int) -> dict[str, Any]:
+    kinds: Counter = Counter()
+    for chain in chains:
+        if chain.origin == "fork":
+            kinds["fork"] += 1
+        if chain.break_kind:
+            kinds[chain.break_kind] += 1
+    roles = Counter(chain.role for chain in chains)
+    return {
+        "breaks": sum(kinds.values()),
+        "break_kinds": dict(sorted(kinds.items())),
+        "retries": sum(1 for c in chains if c.origin == "retry"),
+        "roles": dict(sorted(roles.items())),
+        "conversations": len(convs),
+        "eos_token_id": eos,
+        "eos_source": eos_source,
+        "eos_inserted": eos_inserted,
+    }
