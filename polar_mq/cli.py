@@ -34,6 +34,29 @@ def _model_server(args: argparse.Namespace) -> int:
     return model_server_main(args.rest)
 
 
+def _worker(args: argparse.Namespace) -> int:
+    import os
+
+    if args.redis:
+        os.environ["POLAR_REDIS_URL"] = args.redis
+    if args.gateway:
+        os.environ["POLAR_GATEWAY_URL"] = args.gateway
+    from .tasks.worker import app
+
+    argv = ["worker", "-Q", args.stage, "-c", str(args.concurrency), "-E", "-l", args.loglevel,
+            "-n", f"{args.stage}-{os.getpid()}@%h", "--without-gossip", "--without-mingle"]
+    if args.pool:
+        argv += ["-P", args.pool]
+    app.worker_main(argv)
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from .up import main as up_main
+
+    return up_main(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
@@ -67,12 +90,40 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("rest", nargs=argparse.REMAINDER)
     ms.set_defaults(func=_model_server)
 
+    wk = sub.add_parser("worker", help="run a Celery worker pool for one stage")
+    wk.add_argument("--stage", required=True, choices=["init", "run", "postrun"])
+    wk.add_argument("--concurrency", type=int, default=2, help="processes (run: = run slots)")
+    wk.add_argument("--pool", help="celery pool (prefork default; threads, solo)")
+    wk.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
+    wk.add_argument("--gateway", help="gateway URL (default $POLAR_GATEWAY_URL)")
+    wk.add_argument("--loglevel", default="INFO")
+    wk.set_defaults(func=_worker)
+
+    up = sub.add_parser("up", help="run every role on this machine (API, gateway, pools, Flower)")
+    up.add_argument("--upstream", action="append", help="vLLM root URL (default: the stand-in)")
+    up.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL, else embedded)")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--api-port", type=int, default=8700)
+    up.add_argument("--gateway-port", type=int, default=8600)
+    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--init-concurrency", type=int, default=2)
+    up.add_argument("--run-concurrency", type=int, default=4)
+    up.add_argument("--postrun-concurrency", type=int, default=2)
+    up.add_argument("--no-flower", action="store_true")
+    up.set_defaults(func=_up)
+
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.set_defaults(func=_demo)
 
     harness = sub.add_parser("harness", help="manage harness CLIs (install NAME...)", add_help=False)
     harness.add_argument("rest", nargs=argparse.REMAINDER)
     harness.set_defaults(func=_harness)
+    try:
+        from . import client_cli
+    except ImportError:
+        client_cli = None  # type: ignore[assignment]
+    if client_cli is not None and hasattr(client_cli, "add_commands"):
+        client_cli.add_commands(sub)
     return parser
 
 

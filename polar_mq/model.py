@@ -121,3 +121,30 @@ class GatewaySession(Record):
     task_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class SessionRecord(Record):
+    """A rollout session (one sample of a task) as the pipeline tracks it in Redis."""
+
+    session_id: str
+    task_id: str
+    index: int = 0
+    state: str = "REGISTERED"
+    attempt: int = 0  # bumped whenever a stage is taken over after a worker died
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    deadline: float | None = None  # unix time; the budget starts when INIT starts
+    timings: dict[str, float] = field(default_factory=dict)  # "<stage>_start"/"<stage>_end"
+    node: str | None = None  # host:pid of the worker that last moved it
+    error: str | None = None
+    gateway_session_id: str | None = None
+    gateway_key: str | None = None
+    base_urls: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    runtime: dict[str, Any] = field(default_factory=dict)  # backend handle (container id, pid...)
+    exit_code: int | None = None
+    outcome: str | None = None  # COMPLETED | ERROR | TIMEOUT decided by the run stage
+    reward: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    history: list[list[Any]] = field(default_factory=list)  # [state, unix time, node]

@@ -57,3 +57,43 @@ class GatewaySettings:
     @property
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+@dataclass
+class PipelineSettings:
+    """Settings shared by the rollout API and the stage workers."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    gateway_url: str = "http://127.0.0.1:8600"
+    gateway_token: str | None = None  # the gateway's admin token, if it has one
+    api_token: str | None = None  # rollout API bearer token (POLAR_API_TOKEN)
+    ready_capacity: int = 8  # READY buffer: sessions prepared but not yet running
+    lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
+    visibility_timeout: float = 6 * 3600.0  # broker redelivery; leases + the janitor recover sooner
+    janitor_interval: float = 5.0
+    sessions_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "sessions")
+    results_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "results")
+    callback_retries: int = 8
+    callback_backoff: float = 1.0  # seconds, doubled per attempt (capped at 60)
+    pause_wait: float = 60.0  # admin pause: how long to wait for in-flight generations
+
+    @classmethod
+    def from_env(cls, **overrides) -> "PipelineSettings":
+        env = os.environ
+        s = cls()
+        s.redis_url = env.get("POLAR_REDIS_URL") or s.redis_url
+        s.gateway_url = env.get("POLAR_GATEWAY_URL") or s.gateway_url
+        s.gateway_token = env.get("POLAR_GATEWAY_TOKEN") or None
+        s.api_token = env.get("POLAR_API_TOKEN") or None
+        s.ready_capacity = int(env.get("POLAR_READY_CAPACITY") or s.ready_capacity)
+        s.lease_ttl = _env_float("POLAR_LEASE_TTL", s.lease_ttl)
+        s.visibility_timeout = _env_float("POLAR_VISIBILITY_TIMEOUT", s.visibility_timeout)
+        s.janitor_interval = _env_float("POLAR_JANITOR_INTERVAL", s.janitor_interval)
+        s.sessions_dir = env.get("POLAR_SESSIONS_DIR") or s.sessions_dir
+        s.results_dir = env.get("POLAR_RESULTS_DIR") or s.results_dir
+        s.callback_retries = int(env.get("POLAR_CALLBACK_RETRIES") or s.callback_retries)
+        s.callback_backoff = _env_float("POLAR_CALLBACK_BACKOFF", s.callback_backoff)
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(s, k, v)
+        return s

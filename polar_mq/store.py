@@ -36,6 +36,53 @@ class Keys:
     def gateway_paused(self) -> str:
         return f"{self.prefix}:gw:paused"
 
+    def gateway_inflight(self) -> str:
+        return f"{self.prefix}:gw:inflight"
+
+    # --- rollout pipeline -----------------------------------------------------------------------
+    def task(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}"
+
+    def task_sessions(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}:sessions"
+
+    def task_cancelled(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}:cancelled"
+
+    def task_index(self) -> str:
+        return f"{self.prefix}:tasks"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}"
+
+    def lease(self, session_id: str) -> str:
+        return f"{self.prefix}:lease:{session_id}"
+
+    def active_sessions(self) -> str:
+        """Sessions that are not terminal: the janitor scans these for dead leases."""
+        return f"{self.prefix}:sessions:active"
+
+    def ready(self) -> str:
+        return f"{self.prefix}:ready"
+
+    def ready_slots(self) -> str:
+        return f"{self.prefix}:ready:slots"
+
+    def ready_wakeup(self) -> str:
+        return f"{self.prefix}:ready:wakeup"
+
+    def janitor_lock(self) -> str:
+        return f"{self.prefix}:janitor"
+
+    def ready_capacity(self) -> str:
+        return f"{self.prefix}:ready:capacity"
+
+    def callbacks_done(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}:callback"
+
+    def counter(self) -> str:
+        return f"{self.prefix}:metrics"
+
 
 def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)

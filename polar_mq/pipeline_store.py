@@ -1,0 +1,249 @@
+"""Durable pipeline state in Redis: tasks, sessions, leases, the bounded READY buffer, results.
+
+Every state change goes through `transition`, an optimistic (WATCH/MULTI) compare-and-set checked
+against `states.ALLOWED`, so duplicate or redelivered stage tasks cannot run a stage twice or move
+a session backwards. Leases with heartbeats tell a live worker from a dead one.
+"""
+
+from __future__ import annotations
+
+import socket
+import os
+import time
+import uuid
+from typing import Any, Iterable
+
+import redis
+
+from . import states
+from .model import SessionRecord, Trajectory
+from .store import Keys, pack, unpack
+from .taskspec import TaskRequest, task_from_dict
+
+
+class Conflict(Exception):
+    """A task id resubmitted with a different body."""
+
+
+def node_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# Take a READY slot for a session: never more sessions prepared-but-not-running than capacity.
+_ACQUIRE_SLOT = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+local cap = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
+if redis.call('SCARD', KEYS[1]) < cap then
+  redis.call('SADD', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+class PipelineStore:
+    def __init__(self, client: redis.Redis, keys: Keys | None = None):
+        self.r = client
+        self.keys = keys or Keys()
+        self._renew = self.r.register_script(_RENEW)
+        self._release = self.r.register_script(_RELEASE)
+        self._acquire_slot = self.r.register_script(_ACQUIRE_SLOT)
+
+    # --- tasks ----------------------------------------------------------------------------------
+    def create_task(self, task: TaskRequest) -> tuple[list[str], bool]:
+        """Store a task and its sessions atomically. Returns (session ids, created).
+        Same task id + same body → the existing sessions; different body → Conflict."""
+        key = self.keys.task(task.task_id)
+        fingerprint = task.fingerprint()
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(key)
+                    blob = pipe.get(key)
+                    if blob is not None:
+                        stored = unpack(blob)
+                        pipe.unwatch()
+                        if stored["fingerprint"] != fingerprint:
+                            raise Conflict(f"task {task.task_id!r} exists with a different body")
+                        return self.session_ids(task.task_id), False
+                    now = time.time()
+                    sids = [f"{task.task_id}-{i}-{uuid.uuid4().hex[:8]}" for i in range(task.num_samples)]
+                    pipe.multi()
+                    pipe.set(key, pack({"spec": task.to_dict(), "fingerprint": fingerprint, "created_at": now}))
+                    pipe.rpush(self.keys.task_sessions(task.task_id), *sids)
+                    pipe.zadd(self.keys.task_index(), {task.task_id: now})
+                    for i, sid in enumerate(sids):
+                        rec = SessionRecord(session_id=sid, task_id=task.task_id, index=i, created_at=now,
+                                            updated_at=now, history=[[states.REGISTERED, now, None]])
+                        pipe.set(self.keys.session(sid), pack(rec.to_dict()))
+                        pipe.sadd(self.keys.active_sessions(), sid)
+                    pipe.hincrby(self.keys.counter(), "tasks_submitted", 1)
+                    pipe.hincrby(self.keys.counter(), "sessions_submitted", len(sids))
+                    pipe.execute()
+                    return sids, True
+                except redis.WatchError:
+                    continue
+
+    def get_task(self, task_id: str) -> dict[str, Any] | None:
+        blob = self.r.get(self.keys.task(task_id))
+        return unpack(blob) if blob else None
+
+    def task_request(self, task_id: str) -> TaskRequest | None:
+        stored = self.get_task(task_id)
+        return task_from_dict(stored["spec"]) if stored else None
+
+    def session_ids(self, task_id: str) -> list[str]:
+        return [s.decode() for s in self.r.lrange(self.keys.task_sessions(task_id), 0, -1)]
+
+    def list_tasks(self, limit: int = 100) -> list[str]:
+        return [t.decode() for t in self.r.zrevrange(self.keys.task_index(), 0, limit - 1)]
+
+    def cancel_task(self, task_id: str) -> None:
+        self.r.set(self.keys.task_cancelled(task_id), 1)
+
+    def is_cancelled(self, task_id: str) -> bool:
+        return bool(self.r.exists(self.keys.task_cancelled(task_id)))
+
+    # --- sessions -------------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        blob = self.r.get(self.keys.session(session_id))
+        return SessionRecord.from_dict(unpack(blob)) if blob else None
+
+    def get_sessions(self, session_ids: Iterable[str]) -> list[SessionRecord]:
+        ids = list(session_ids)
+        if not ids:
+            return []
+        blobs = self.r.mget([self.keys.session(s) for s in ids])
+        return [SessionRecord.from_dict(unpack(b)) for b in blobs if b]
+
+    def transition(self, session_id: str, new_state: str | None, *, expect: Iterable[str] | None = None,
+                   node: str | None = None, **fields: Any) -> SessionRecord | None:
+        """Atomically move a session to `new_state` (None: update fields only) if allowed and, when
+        given, if its current state is in `expect`. Returns the new record, or None if refused."""
+        key = self.keys.session(session_id)
+        expect = set(expect) if expect is not None else None
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(key)
+                    blob = pipe.get(key)
+                    if blob is None:
+                        pipe.unwatch()
+                        return None
+                    rec = SessionRecord.from_dict(unpack(blob))
+                    if expect is not None and rec.state not in expect:
+                        pipe.unwatch()
+                        return None
+                    now = time.time()
+                    if new_state is not None:
+                        if not states.can_move(rec.state, new_state):
+                            pipe.unwatch()
+                            return None
+                        if new_state != rec.state:
+                            rec.timings.setdefault(f"{new_state.lower()}_start", now)
+                            rec.timings[f"{rec.state.lower()}_end"] = now
+                        rec.state = new_state
+                        rec.history.append([new_state, now, node])
+                    for name, value in fields.items():
+                        setattr(rec, name, value)
+                    rec.node = node or rec.node
+                    rec.updated_at = now
+                    pipe.multi()
+                    pipe.set(key, pack(rec.to_dict()))
+                    if new_state is not None and states.is_terminal(new_state):
+                        pipe.srem(self.keys.active_sessions(), session_id)
+                        pipe.srem(self.keys.ready_slots(), session_id)
+                        pipe.lpush(self.keys.ready_wakeup(), 1)
+                        pipe.lrem(self.keys.ready(), 0, session_id)
+                        pipe.hincrby(self.keys.counter(), f"sessions_{new_state.lower()}", 1)
+                    pipe.execute()
+                    return rec
+                except redis.WatchError:
+                    continue
+
+    def active_sessions(self) -> list[str]:
+        return [s.decode() for s in self.r.smembers(self.keys.active_sessions())]
+
+    # --- leases (who is working on a session right now) -----------------------------------------
+    def acquire_lease(self, session_id: str, token: str, ttl: float) -> bool:
+        return bool(self.r.set(self.keys.lease(session_id), token, nx=True, px=int(ttl * 1000)))
+
+    def renew_lease(self, session_id: str, token: str, ttl: float) -> bool:
+        return bool(self._renew(keys=[self.keys.lease(session_id)], args=[token, int(ttl * 1000)]))
+
+    def release_lease(self, session_id: str, token: str) -> None:
+        self._release(keys=[self.keys.lease(session_id)], args=[token])
+
+    def lease_holder(self, session_id: str) -> str | None:
+        value = self.r.get(self.keys.lease(session_id))
+        return value.decode() if value else None
+
+    # --- READY buffer ---------------------------------------------------------------------------
+    def set_ready_capacity(self, capacity: int) -> None:
+        self.r.set(self.keys.ready_capacity(), int(capacity))
+
+    def ready_capacity(self, default: int) -> int:
+        value = self.r.get(self.keys.ready_capacity())
+        return int(value) if value else default
+
+    def try_acquire_slot(self, session_id: str, default_capacity: int) -> bool:
+        return bool(self._acquire_slot(keys=[self.keys.ready_slots(), self.keys.ready_capacity()],
+                                       args=[session_id, default_capacity]))
+
+    def release_slot(self, session_id: str) -> None:
+        self.r.srem(self.keys.ready_slots(), session_id)
+
+    def slots_held(self) -> list[str]:
+        return [s.decode() for s in self.r.smembers(self.keys.ready_slots())]
+
+    def push_ready(self, session_id: str) -> None:
+        with self.r.pipeline() as pipe:
+            pipe.lrem(self.keys.ready(), 0, session_id)
+            pipe.lpush(self.keys.ready(), session_id)
+            pipe.execute()
+
+    def take_ready(self, session_id: str) -> None:
+        """A run worker took the session: out of READY, its slot freed, a waiting init woken."""
+        with self.r.pipeline() as pipe:
+            pipe.lrem(self.keys.ready(), 0, session_id)
+            pipe.srem(self.keys.ready_slots(), session_id)
+            pipe.lpush(self.keys.ready_wakeup(), 1)
+            pipe.ltrim(self.keys.ready_wakeup(), 0, 63)
+            pipe.execute()
+
+    def wait_for_slot(self, timeout: float) -> None:
+        """Block until a slot may have been freed (or timeout): no busy polling while full."""
+        self.r.blpop([self.keys.ready_wakeup()], timeout=timeout)
+
+    def ready_list(self) -> list[str]:
+        return [s.decode() for s in self.r.lrange(self.keys.ready(), 0, -1)]
+
+    # --- results and metrics --------------------------------------------------------------------
+    def save_trajectory(self, trajectory: Trajectory) -> None:
+        self.r.set(self.keys.trajectory(trajectory.session_id, "result"), pack(trajectory.to_dict()))
+
+    def get_trajectory(self, session_id: str) -> Trajectory | None:
+        blob = self.r.get(self.keys.trajectory(session_id, "result"))
+        return Trajectory.from_dict(unpack(blob)) if blob else None
+
+    def incr(self, name: str, amount: float = 1) -> None:
+        self.r.hincrbyfloat(self.keys.counter(), name, amount)
+
+    def counters(self) -> dict[str, float]:
+        return {k.decode(): float(v) for k, v in self.r.hgetall(self.keys.counter()).items()}
+
+    def mark_callback_sent(self, task_id: str) -> bool:
+        """True the first time only: the task callback fires once even if two sessions race."""
+        return bool(self.r.set(self.keys.callbacks_done(task_id), time.time(), nx=True))

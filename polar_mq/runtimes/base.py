@@ -1,0 +1,60 @@
+"""The runtime interface: where a session's harness runs (a process sandbox or a container).
+
+A runtime is re-attachable: `start` returns a plain-dict handle that is stored in the session
+record, so the init worker can prepare a session and a run worker on another process (or host,
+for shared backends) can execute in it, and a takeover after a worker died can reap what it left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from ..taskspec import RuntimeSpec
+
+
+@dataclass
+class ExecResult:
+    exit_code: int | None
+    timed_out: bool = False
+    stopped: bool = False  # stopped on request (cancel)
+    duration_s: float = 0.0
+    output_tail: str = ""
+    log_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    backend: str
+
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+        """Create the session's environment; returns a handle (JSON-able dict)."""
+
+    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+             timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
+             on_start: Callable[[dict[str, Any]], None] | None = None,
+             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+        """Run a command inside; on timeout or stop the process tree is killed *inside* the runtime
+        and the output so far is kept in log_path."""
+
+    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None: ...
+
+    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None: ...
+
+    def reap(self, handle: dict[str, Any]) -> None:
+        """Kill whatever a previous (dead) worker left running for this session."""
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        """Tear down; idempotent."""
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,120 @@
+"""`local` runtime: a subprocess in a per-session directory (development; no isolation).
+
+The harness runs in its own process group so a timeout or cancel kills the whole tree, and with
+PR_SET_PDEATHSIG so it dies with the worker that started it; a takeover also kills the recorded
+group, so a session is never run twice at the same time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..taskspec import RuntimeSpec
+from .base import ExecResult, tail
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_group(pgid: int, grace: float = 2.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+class LocalRuntime:
+    backend = "local"
+
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+        workdir = session_dir / "work"
+        home = session_dir / "home"
+        workdir.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        return {"backend": self.backend, "session_dir": str(session_dir), "workdir": str(workdir),
+                "home": str(home), "env": dict(spec.env)}
+
+    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+             timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
+             on_start: Callable[[dict[str, Any]], None] | None = None,
+             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+                    **handle.get("env", {}), **env, "HOME": handle["home"]}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, cwd=handle["workdir"], env=full_env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
+            if on_start:
+                on_start({"pgid": proc.pid})
+            timed_out = stopped = False
+            last_beat = 0.0
+            while True:
+                try:
+                    proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                elapsed = time.monotonic() - t0
+                if timeout is not None and elapsed >= timeout:
+                    timed_out = True
+                elif should_stop is not None and should_stop():
+                    stopped = True
+                if timed_out or stopped:
+                    kill_group(proc.pid)
+                    proc.wait()
+                    break
+                if heartbeat and elapsed - last_beat >= 1.0:
+                    heartbeat()
+                    last_beat = elapsed
+            kill_group(proc.pid, grace=0.5)  # leftovers of a finished command
+        return ExecResult(exit_code=proc.returncode, timed_out=timed_out, stopped=stopped,
+                          duration_s=time.monotonic() - t0, output_tail=tail(log_path),
+                          log_path=str(log_path))
+
+    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None:
+        target = Path(handle["workdir"]) / dst
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            shutil.copytree(src, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+
+    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None:
+        source = Path(handle["workdir"]) / src
+        if source.is_dir():
+            shutil.copytree(source, dst, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, dst)
+
+    def reap(self, handle: dict[str, Any]) -> None:
+        pgid = handle.get("pgid")
+        if pgid:
+            kill_group(int(pgid), grace=0.5)
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        self.reap(handle)

@@ -1,0 +1,44 @@
+"""Session state machine: the one place that says which state may follow which.
+
+Every stage moves a session with `PipelineStore.transition`, which checks the move against
+`ALLOWED` atomically in Redis, so a redelivered or duplicate stage task cannot move a session
+backwards or finish it twice.
+"""
+
+from __future__ import annotations
+
+REGISTERED = "REGISTERED"
+INITIALIZING = "INITIALIZING"
+READY = "READY"
+RUNNING = "RUNNING"
+POST_RUN = "POST_RUN"
+BUILDING = "BUILDING"
+EVALUATING = "EVALUATING"
+COMPLETED = "COMPLETED"
+ERROR = "ERROR"
+TIMEOUT = "TIMEOUT"
+
+TERMINAL = frozenset({COMPLETED, ERROR, TIMEOUT})
+ORDER = (REGISTERED, INITIALIZING, READY, RUNNING, POST_RUN, BUILDING, EVALUATING)
+
+ALLOWED: dict[str, frozenset[str]] = {
+    REGISTERED: frozenset({INITIALIZING, ERROR}),
+    # INITIALIZING → INITIALIZING: a new init worker takes over after the first one died.
+    INITIALIZING: frozenset({INITIALIZING, READY, POST_RUN, ERROR, TIMEOUT}),
+    READY: frozenset({RUNNING, POST_RUN, ERROR, TIMEOUT}),
+    RUNNING: frozenset({RUNNING, POST_RUN, ERROR, TIMEOUT}),
+    POST_RUN: frozenset({POST_RUN, BUILDING, ERROR}),
+    BUILDING: frozenset({BUILDING, EVALUATING, POST_RUN, ERROR}),
+    EVALUATING: frozenset({EVALUATING, COMPLETED, ERROR, TIMEOUT, POST_RUN}),
+    COMPLETED: frozenset(),
+    ERROR: frozenset(),
+    TIMEOUT: frozenset(),
+}
+
+
+def can_move(current: str, new: str) -> bool:
+    return new in ALLOWED.get(current, frozenset())
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL

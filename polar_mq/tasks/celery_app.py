@@ -1,0 +1,45 @@
+"""The Celery application: one queue per stage, msgpack, late acks, prefetch 1.
+
+Task names are constants so the API can enqueue without importing the stage code.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from ..settings import PipelineSettings
+
+INIT_TASK = "polar_mq.init"
+RUN_TASK = "polar_mq.run"
+POSTRUN_TASK = "polar_mq.postrun"
+CALLBACK_TASK = "polar_mq.callback"
+QUEUES = ("init", "run", "postrun")
+
+
+def make_celery(settings: PipelineSettings | None = None) -> Celery:
+    settings = settings or PipelineSettings.from_env()
+    app = Celery("polar_mq", broker=settings.redis_url, backend=None)
+    app.conf.update(
+        task_queues=[Queue(q) for q in QUEUES],
+        task_default_queue="init",
+        task_routes={INIT_TASK: {"queue": "init"}, RUN_TASK: {"queue": "run"},
+                     POSTRUN_TASK: {"queue": "postrun"}, CALLBACK_TASK: {"queue": "postrun"}},
+        task_serializer="msgpack",
+        accept_content=["msgpack", "json"],
+        result_serializer="msgpack",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # kombu scans unacked messages rarely by default (~100 s); leases do the fast path.
+            "unacked_restore_interval": 5,
+        },
+    )
+    app.conf.polar_settings = settings
+    return app

@@ -1,0 +1,74 @@
+"""The janitor: hands a stage to a new worker when the one holding it died.
+
+A session in a working state (INITIALIZING, RUNNING, POST_RUN, ...) whose lease lapsed has lost
+its worker: its stage task is enqueued again and the new worker takes over. One janitor runs at a
+time cluster-wide (a Redis lock); every worker process runs the loop, so there is always one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .. import states
+from ..model import SessionRecord
+from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
+from .context import StageContext
+
+log = logging.getLogger("polar_mq.janitor")
+
+STAGE_OF = {
+    states.INITIALIZING: INIT_TASK,
+    states.RUNNING: RUN_TASK,
+    states.POST_RUN: POSTRUN_TASK,
+    states.BUILDING: POSTRUN_TASK,
+    states.EVALUATING: POSTRUN_TASK,
+}
+
+
+def orphaned(rec: SessionRecord, has_lease: bool, now: float, ttl: float) -> bool:
+    """A session whose worker is gone: in a working state (or REGISTERED but taken by an init
+    worker that was waiting for a READY slot), no live lease, and quiet for longer than the TTL."""
+    if has_lease or now - rec.updated_at < ttl:
+        return False
+    if rec.state in STAGE_OF:
+        return True
+    return rec.state == states.REGISTERED and rec.node is not None
+
+
+def sweep(ctx: StageContext) -> list[str]:
+    """One pass: requeue the stage of every orphaned session. Returns the requeued ids."""
+    store, ttl = ctx.store, ctx.settings.lease_ttl
+    now = time.time()
+    requeued = []
+    for sid in store.active_sessions():
+        rec = store.get_session(sid)
+        if rec is None or not orphaned(rec, store.lease_holder(sid) is not None, now, ttl):
+            continue
+        # Touch the record first so the next sweep waits another TTL before requeueing again.
+        if store.transition(sid, None, expect={rec.state}, node=rec.node) is None:
+            continue
+        task_name = STAGE_OF.get(rec.state, INIT_TASK)
+        log.warning("session %s in %s lost its worker %s; requeueing %s", sid, rec.state, rec.node, task_name)
+        store.incr("sessions_requeued")
+        ctx.enqueue(task_name, sid)
+        requeued.append(sid)
+    return requeued
+
+
+def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> threading.Thread:
+    stop = stop or threading.Event()
+    interval = ctx.settings.janitor_interval
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                if ctx.store.r.set(ctx.store.keys.janitor_lock(), ctx.node, nx=True, px=int(interval * 1000)):
+                    sweep(ctx)
+            except Exception:
+                log.exception("janitor sweep failed")
+
+    thread = threading.Thread(target=loop, name="polar-janitor", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,92 @@
+"""Celery tasks: thin wrappers that call the stage functions. Started by `polar-mq worker`."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import requests
+from celery.signals import worker_process_init, worker_ready
+
+from ..pipeline_store import PipelineStore
+from ..settings import PipelineSettings
+from ..store import connect
+from . import stages
+from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_celery
+from .context import GatewayClient, StageContext
+from .janitor import start_janitor
+
+log = logging.getLogger("polar_mq.worker")
+
+settings = PipelineSettings.from_env()
+app = make_celery(settings)
+_ctx: StageContext | None = None
+
+
+def context() -> StageContext:
+    """Per-process context (Redis connections must not cross a fork)."""
+    global _ctx
+    if _ctx is None:
+        def enqueue(name: str, arg: str) -> None:
+            queue = {INIT_TASK: "init", RUN_TASK: "run"}.get(name, "postrun")
+            app.send_task(name, args=[arg], queue=queue)
+
+        _ctx = StageContext(settings=settings, store=PipelineStore(connect(settings.redis_url)),
+                            gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
+                            enqueue=enqueue)
+    return _ctx
+
+
+@worker_process_init.connect
+def _reset_after_fork(**_: object) -> None:
+    global _ctx
+    _ctx = None
+
+
+@worker_ready.connect
+def _janitor(**_: object) -> None:
+    start_janitor(context())
+
+
+def _run_stage(task, stage, session_id: str) -> str:
+    """A stage that finds the session held ("busy") retries shortly: either the holder finishes
+    and the stage then sees the state advanced (a duplicate, skipped), or the holder died and its
+    lease lapses (a takeover)."""
+    result = stage(context(), session_id)
+    if result == "busy":
+        raise task.retry(countdown=max(0.5, settings.lease_ttl / 3), max_retries=60)
+    return result
+
+
+@app.task(name=INIT_TASK, bind=True)
+def init_task(self, session_id: str) -> str:
+    return _run_stage(self, stages.init_session, session_id)
+
+
+@app.task(name=RUN_TASK, bind=True)
+def run_task(self, session_id: str) -> str:
+    return _run_stage(self, stages.run_session, session_id)
+
+
+@app.task(name=POSTRUN_TASK, bind=True)
+def postrun_task(self, session_id: str) -> str:
+    return _run_stage(self, stages.postrun_session, session_id)
+
+
+@app.task(name=CALLBACK_TASK, bind=True, max_retries=None)
+def callback_task(self, message: str) -> str:
+    """POST a result to the trainer's callback URL, retrying with capped exponential backoff."""
+    data = json.loads(message)
+    try:
+        resp = requests.post(data["url"], json=data["payload"], timeout=30)
+        if resp.status_code >= 300:
+            raise RuntimeError(f"callback answered {resp.status_code}")
+    except Exception as exc:
+        if self.request.retries >= settings.callback_retries:
+            log.error("callback to %s gave up after %d attempts: %s", data["url"], self.request.retries + 1, exc)
+            context().store.incr("callbacks_failed")
+            return "failed"
+        delay = min(60.0, settings.callback_backoff * 2 ** self.request.retries)
+        raise self.retry(exc=exc, countdown=delay)
+    context().store.incr("callbacks_delivered")
+    return "delivered"

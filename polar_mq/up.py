@@ -1,0 +1,135 @@
+"""`polar-mq up`: every role on one machine, no root — a tiny supervisor.
+
+Embedded Redis when none is configured, the stand-in model server when no upstream is given,
+then the gateway, the rollout API, the three stage pools and Flower as child processes. SIGTERM
+or SIGINT stops them all; a child that dies takes the whole group down (loudly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from .embedded_redis import ensure_redis, free_port
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+
+
+def _wait_http(url: str, child: Child, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{child.name} not ready at {url}")
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path, env: dict[str, str]):
+        self.log_dir = log_dir
+        self.env = env
+        self.children: list[Child] = []
+
+    def spawn(self, name: str, args: list[str]) -> Child:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                start_new_session=True)
+        child = Child(name, proc)
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.proc.poll() is None:
+                try:
+                    os.killpg(child.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 15
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+
+    def watch(self) -> int:
+        stop = {"flag": False}
+
+        def handler(signum, frame):  # noqa: ARG001
+            stop["flag"] = True
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        while not stop["flag"]:
+            for child in self.children:
+                if child.proc.poll() is not None:
+                    print(f"{child.name} exited with {child.proc.returncode}; stopping everything "
+                          f"(logs in {self.log_dir})", file=sys.stderr, flush=True)
+                    return 1
+            time.sleep(0.5)
+        return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    py = sys.executable
+    log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
+                   time.strftime("%Y%m%d-%H%M%S"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    redis_url, embedded = ensure_redis(args.redis)
+    gateway_url = f"http://{args.host}:{args.gateway_port}"
+    api_url = f"http://{args.host}:{args.api_port}"
+    env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway_url, "POLAR_API_URL": api_url,
+           "FLOWER_UNAUTHENTICATED_API": "true"}
+    sup = Supervisor(log_dir, env)
+    try:
+        upstreams = args.upstream or []
+        if not upstreams:
+            port = free_port()
+            ms = sup.spawn("model_server", [py, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
+                                            "--port", str(port)])
+            upstreams = [f"http://127.0.0.1:{port}"]
+            _wait_http(f"{upstreams[0]}/health", ms)
+        gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", args.host, "--port", str(args.gateway_port),
+                   "--redis", redis_url]
+        for up in upstreams:
+            gw_args += ["--upstream", up]
+        gw = sup.spawn("gateway", gw_args)
+        api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", args.host,
+                                "--port", str(args.api_port), "--redis", redis_url])
+        for stage, n in (("init", args.init_concurrency), ("run", args.run_concurrency),
+                         ("postrun", args.postrun_concurrency)):
+            sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
+                                          "--concurrency", str(n)])
+        flower_url = None
+        if not args.no_flower and importlib.util.find_spec("flower") is not None:
+            sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
+                                 f"--port={args.flower_port}", f"--address={args.host}"])
+            flower_url = f"http://{args.host}:{args.flower_port}"
+        _wait_http(f"{gateway_url}/health", gw)
+        _wait_http(f"{api_url}/health", api)
+        print(f"polar_mq is up\n  API      {api_url}\n  gateway  {gateway_url}\n  upstream {', '.join(upstreams)}\n"
+              f"  redis    {redis_url}{' (embedded)' if embedded else ''}\n"
+              + (f"  flower   {flower_url}\n" if flower_url else "") + f"  logs     {log_dir}", flush=True)
+        return sup.watch()
+    finally:
+        sup.stop()
+        if embedded:
+            embedded.stop()

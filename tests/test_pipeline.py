@@ -1,0 +1,114 @@
+"""The rollout pipeline end to end with real Celery worker pools (separate processes), real
+redis-server, the real gateway and the stand-in model: init → READY → run → postrun."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_support import Pipeline, agent_task
+from polar_mq import states
+
+
+@pytest.fixture(scope="module")
+def pipeline(gateway, redis_url, tmp_path_factory):
+    base = tmp_path_factory.mktemp("pipeline")
+    env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway.url,
+           "POLAR_SESSIONS_DIR": str(base / "sessions"), "POLAR_RESULTS_DIR": str(base / "results"),
+           "POLAR_LEASE_TTL": "3", "POLAR_JANITOR_INTERVAL": "1", "POLAR_READY_CAPACITY": "2"}
+    p = Pipeline(redis_url=redis_url, gateway_url=gateway.url, env=env, log_dir=base)
+    p.start_worker("init", 2)
+    p.start_worker("run", 2)
+    p.start_worker("postrun", 1)
+    yield p
+    p.stop()
+
+
+def test_end_to_end_several_samples(pipeline, gateway):
+    task_id, sids = pipeline.submit(agent_task(num_samples=3, metadata={"group_id": "g1"}))
+    recs = pipeline.wait(sids, timeout=90)
+    assert [r.state for r in recs] == [states.COMPLETED] * 3
+    for rec in recs:
+        assert Path(rec.runtime["workdir"], "polar.txt").read_text() == "hello from polar"
+        assert rec.reward == 1.0 and rec.attempt == 0
+        for stage in ("initializing", "ready", "running", "post_run"):
+            assert f"{stage}_start" in rec.timings
+        traj = pipeline.store.get_trajectory(rec.session_id)
+        assert traj.status == "COMPLETED" and traj.builder == "prefix_merging"
+        assert traj.stats["calls"] == 2 and traj.stats["traces"] == 1
+        assert traj.stats["delivered_fraction"] == 1.0
+        assert traj.metadata["group_id"] == "g1" and traj.metadata["harness"] == "shell"
+        calls = gateway.calls(rec.gateway_session_id)
+        trace = traj.traces[0]
+        assert trace.prompt_ids + trace.response_ids == calls[-1]["prompt_token_ids"] + calls[-1]["completion_token_ids"]
+        assert trace.reward == 1.0
+        result_file = Path(pipeline.env["POLAR_RESULTS_DIR"]) / task_id / f"{rec.session_id}.json"
+        assert json.loads(result_file.read_text())["session_id"] == rec.session_id
+
+
+def test_timeout_gives_partial_trajectory(pipeline):
+    # The agent makes its model calls, then hangs: the budget stops it, postrun still builds.
+    script = ("import subprocess, sys, time; "
+              f"subprocess.run([sys.executable, {str(Path(__file__).parent.parent / 'examples' / 'tiny_agent.py')!r}]); "
+              "time.sleep(60)")
+    body = agent_task(num_samples=1, timeout_seconds=6,
+                      agent={"harness": "shell", "options": {"command": [sys.executable, "-c", script]}})
+    _, sids = pipeline.submit(body)
+    t0 = time.time()
+    [rec] = pipeline.wait(sids, timeout=40)
+    assert rec.state == states.TIMEOUT and time.time() - t0 < 30
+    traj = pipeline.store.get_trajectory(rec.session_id)
+    assert traj.status == "TIMEOUT" and traj.stats["calls"] == 2 and len(traj.traces) == 1
+    assert traj.reward == 0.0
+
+
+def test_harness_failure_is_error_with_output(pipeline):
+    body = agent_task(num_samples=1, agent={"harness": "shell", "options": {"command": "echo boom >&2; exit 3"}})
+    _, sids = pipeline.submit(body)
+    [rec] = pipeline.wait(sids, timeout=30)
+    assert rec.state == states.ERROR and "exited with 3" in rec.error and "boom" in rec.error
+
+
+def test_cancel_stops_running_and_queued_sessions(pipeline):
+    body = agent_task(num_samples=4, timeout_seconds=120,
+                      agent={"harness": "shell", "options": {"command": "sleep 100"}})
+    task_id, sids = pipeline.submit(body)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if any(r.state == states.RUNNING for r in pipeline.store.get_sessions(sids)):
+            break
+        time.sleep(0.2)
+    pipeline.store.cancel_task(task_id)
+    t0 = time.time()
+    recs = pipeline.wait(sids, timeout=30)
+    assert time.time() - t0 < 15
+    assert all(r.state == states.ERROR and r.error == "cancelled" for r in recs)
+    assert all(pipeline.store.get_trajectory(r.session_id).status == "ERROR" for r in recs)
+
+
+def test_ready_buffer_backpressure(pipeline):
+    """READY capacity is 2 and there are 2 run slots: with 8 long sessions, at most 2 are ever
+    prepared-but-not-running (init blocks), and both run slots stay busy."""
+    body = agent_task(num_samples=8, timeout_seconds=120,
+                      agent={"harness": "shell", "options": {"command": "sleep 1.5"}})
+    _, sids = pipeline.submit(body)
+    store = pipeline.store
+    max_ready, max_running, samples = 0, 0, 0
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        recs = store.get_sessions(sids)
+        by_state = [r.state for r in recs]
+        ready = by_state.count(states.READY) + by_state.count(states.INITIALIZING)
+        max_ready = max(max_ready, ready, len(store.slots_held()))
+        max_running = max(max_running, by_state.count(states.RUNNING))
+        samples += 1
+        if all(states.is_terminal(s) for s in by_state):
+            break
+        time.sleep(0.05)
+    assert all(r.state == states.COMPLETED for r in store.get_sessions(sids))
+    assert max_ready <= 2, max_ready
+    assert max_running == 2
