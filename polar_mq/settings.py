@@ -33,6 +33,7 @@ class GatewaySettings:
     ping_interval: float = 5.0  # streaming keep-alive while the upstream works
     spool_dir: str | None = None  # where records go when Redis is down (never lost silently)
     check_token_ids: bool = True
+    pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewaySettings":
@@ -71,6 +72,7 @@ class PipelineSettings:
     lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
     visibility_timeout: float = 6 * 3600.0  # broker redelivery; leases + the janitor recover sooner
     janitor_interval: float = 5.0
+    max_attempts: int = 3  # janitor takeovers per session before it is given up as ERROR
     sessions_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "sessions")
     results_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "results")
     callback_retries: int = 8
@@ -89,6 +91,7 @@ class PipelineSettings:
         s.lease_ttl = _env_float("POLAR_LEASE_TTL", s.lease_ttl)
         s.visibility_timeout = _env_float("POLAR_VISIBILITY_TIMEOUT", s.visibility_timeout)
         s.janitor_interval = _env_float("POLAR_JANITOR_INTERVAL", s.janitor_interval)
+        s.max_attempts = int(env.get("POLAR_MAX_ATTEMPTS") or s.max_attempts)
         s.sessions_dir = env.get("POLAR_SESSIONS_DIR") or s.sessions_dir
         s.results_dir = env.get("POLAR_RESULTS_DIR") or s.results_dir
         s.callback_retries = int(env.get("POLAR_CALLBACK_RETRIES") or s.callback_retries)

@@ -108,10 +108,19 @@ def _guard(fn):
     return wrapper
 
 
-def connect(url: str) -> redis.Redis:
-    """A client with short timeouts: the gateway must answer 503 quickly when Redis is down."""
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
-                                health_check_interval=30)
+def connect(url: str, *, ride_out_outages: float = 0.0) -> redis.Redis:
+    """A Redis client. The gateway uses short timeouts (it must answer 503 quickly when Redis is
+    down); workers pass `ride_out_outages` seconds to retry through a Redis restart instead."""
+    if ride_out_outages <= 0:
+        return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
+                                    health_check_interval=30)
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+
+    retries = max(1, int(ride_out_outages / 1.0))
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=10,
+                                retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries),
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 class GatewayStore:
@@ -183,3 +192,8 @@ class GatewayStore:
     @_guard
     def paused(self) -> bool:
         return bool(self.r.exists(self.keys.gateway_paused()))
+
+    @_guard
+    def inflight_add(self, delta: int) -> None:
+        """Generations in flight across all gateways (the admin pause drains this to 0)."""
+        self.r.incrby(self.keys.gateway_inflight(), delta)

@@ -29,6 +29,7 @@ class Pipeline:
     env: dict[str, str]
     log_dir: Path
     workers: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
+    redis_server: Any = None
 
     @property
     def store(self) -> PipelineStore:
@@ -62,6 +63,8 @@ class Pipeline:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
+        if self.redis_server is not None:
+            self.redis_server.stop()
 
     def submit(self, body: dict[str, Any]) -> tuple[str, list[str]]:
         """Store a task and enqueue its sessions (what the API does), without the API."""
@@ -82,6 +85,19 @@ class Pipeline:
             time.sleep(0.2)
         recs = self.store.get_sessions(sids)
         raise AssertionError(f"sessions not finished: {[(r.session_id, r.state) for r in recs]}")
+
+
+def make_pipeline(gateway, base: Path, *, redis_server=None, **env: str) -> Pipeline:
+    """A pipeline with its own Redis (so its queues are its own) talking to the shared gateway."""
+    from polar_mq.embedded_redis import start_embedded
+
+    server = redis_server or start_embedded()
+    settings = {"POLAR_REDIS_URL": server.url, "POLAR_GATEWAY_URL": gateway.url,
+                "POLAR_SESSIONS_DIR": str(base / "sessions"), "POLAR_RESULTS_DIR": str(base / "results"),
+                "POLAR_LEASE_TTL": "3", "POLAR_JANITOR_INTERVAL": "1", "POLAR_READY_CAPACITY": "2", **env}
+    p = Pipeline(redis_url=server.url, gateway_url=gateway.url, env=settings, log_dir=base)
+    p.redis_server = server
+    return p
 
 
 def agent_task(**overrides: Any) -> dict[str, Any]:

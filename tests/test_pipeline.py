@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_support import Pipeline, agent_task
+from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
 
 
 @pytest.fixture(scope="module")
-def pipeline(gateway, redis_url, tmp_path_factory):
-    base = tmp_path_factory.mktemp("pipeline")
-    env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway.url,
-           "POLAR_SESSIONS_DIR": str(base / "sessions"), "POLAR_RESULTS_DIR": str(base / "results"),
-           "POLAR_LEASE_TTL": "3", "POLAR_JANITOR_INTERVAL": "1", "POLAR_READY_CAPACITY": "2"}
-    p = Pipeline(redis_url=redis_url, gateway_url=gateway.url, env=env, log_dir=base)
+def pipeline(gateway, tmp_path_factory):
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("pipeline"))
     p.start_worker("init", 2)
     p.start_worker("run", 2)
     p.start_worker("postrun", 1)

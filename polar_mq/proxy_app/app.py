@@ -71,6 +71,8 @@ class Gateway:
         self.recorder = Recorder(store, spool)
         self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="upstream")
         self._served_model = settings.served_model
+        self._paused = False
+        self._pause_checked = 0.0
 
     # --- model names ----------------------------------------------------------------------------
     @property
@@ -107,10 +109,40 @@ class Gateway:
             body["tools"] = req.tools
         return body
 
+    def paused(self) -> bool:
+        """The weight-sync pause flag, read from Redis at most every 0.2 s (hot path)."""
+        now = time.monotonic()
+        if now - self._pause_checked > 0.2:
+            try:
+                self._paused = self.store.paused()
+            except StoreUnavailable:
+                pass
+            self._pause_checked = now
+        return self._paused
+
+    def hold_while_paused(self, record: CaptureRecord) -> None:
+        """New generations wait while the trainer syncs weights (bounded: never hang forever)."""
+        if not self.paused():
+            return
+        t0 = time.monotonic()
+        while self.paused() and time.monotonic() - t0 < self.settings.pause_max_hold:
+            time.sleep(0.1)
+        held = time.monotonic() - t0
+        record.notes.append(f"held {held:.1f} s by a weight-sync pause")
+
+    def _inflight(self, delta: int) -> None:
+        try:
+            self.store.inflight_add(delta)
+        except StoreUnavailable:
+            pass
+
     def call(self, record: CaptureRecord, body: dict[str, Any]) -> Outcome:
         """One upstream call, recorded whatever happens. Runs on a worker thread for streams."""
+        self.hold_while_paused(record)
+        record.started_at = time.time()
         t0 = time.monotonic()
         result = error = None
+        self._inflight(1)
         try:
             result, url = self.pool.chat(body, record.session_id)
             fill_result(record, result, url)
@@ -121,6 +153,8 @@ class Gateway:
             log.exception("upstream call failed")
             error = GatewayError("internal", f"gateway error: {exc}")
             fill_error(record, error)
+        finally:
+            self._inflight(-1)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
         try:
             self.recorder.save(record)

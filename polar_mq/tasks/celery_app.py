@@ -35,6 +35,10 @@ def make_celery(settings: PipelineSettings | None = None) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # ride out a Redis restart
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 60, "interval_start": 0.2, "interval_step": 0.5,
+                                   "interval_max": 2.0},
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout,
             # kombu scans unacked messages rarely by default (~100 s); leases do the fast path.

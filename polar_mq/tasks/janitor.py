@@ -46,8 +46,11 @@ def sweep(ctx: StageContext) -> list[str]:
         rec = store.get_session(sid)
         if rec is None or not orphaned(rec, store.lease_holder(sid) is not None, now, ttl):
             continue
-        # Touch the record first so the next sweep waits another TTL before requeueing again.
-        if store.transition(sid, None, expect={rec.state}, node=rec.node) is None:
+        if rec.attempt + 1 >= ctx.settings.max_attempts and rec.state != states.REGISTERED:
+            give_up(ctx, rec)
+            continue
+        # Touch the record (and count the attempt) so the next sweep waits another TTL.
+        if store.transition(sid, None, expect={rec.state}, node=rec.node, attempt=rec.attempt + 1) is None:
             continue
         task_name = STAGE_OF.get(rec.state, INIT_TASK)
         log.warning("session %s in %s lost its worker %s; requeueing %s", sid, rec.state, rec.node, task_name)
@@ -55,6 +58,20 @@ def sweep(ctx: StageContext) -> list[str]:
         ctx.enqueue(task_name, sid)
         requeued.append(sid)
     return requeued
+
+
+def give_up(ctx: StageContext, rec: SessionRecord) -> None:
+    """Too many takeovers: stop retrying. Sessions before postrun still get a (partial)
+    trajectory built; sessions that kept failing in postrun end as ERROR directly."""
+    error = f"gave up after {rec.attempt + 1} attempts (last in {rec.state} on {rec.node})"
+    log.error("session %s: %s", rec.session_id, error)
+    ctx.store.incr("sessions_given_up")
+    if rec.state in (states.INITIALIZING, states.RUNNING):
+        if ctx.store.transition(rec.session_id, states.POST_RUN, expect={rec.state}, outcome=states.ERROR,
+                                error=error, attempt=rec.attempt + 1):
+            ctx.enqueue(POSTRUN_TASK, rec.session_id)
+    else:
+        ctx.store.transition(rec.session_id, states.ERROR, expect={rec.state}, error=error)
 
 
 def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> threading.Thread:

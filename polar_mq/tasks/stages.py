@@ -93,8 +93,7 @@ def init_session(ctx: StageContext, session_id: str) -> str:
             now = time.time()
             rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
                                    expect={states.REGISTERED, states.INITIALIZING},
-                                   deadline=rec.deadline or now + task.timeout_seconds,
-                                   attempt=rec.attempt + (1 if takeover else 0))
+                                   deadline=rec.deadline or now + task.timeout_seconds)
             if rec is None:
                 return "skipped"
             runtime = get_runtime(task.runtime.backend)
@@ -166,7 +165,7 @@ def run_session(ctx: StageContext, session_id: str) -> str:
                 gw_sid = _gateway_session_id(rec, run_attempt)
                 gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": session_id, **task.metadata})
                 fields = {"gateway_session_id": gw["session_id"], "gateway_key": gw["key"],
-                          "base_urls": gw["base_urls"], "attempt": rec.attempt + 1,
+                          "base_urls": gw["base_urls"],
                           "stats": {**rec.stats, "run_attempts": run_attempt + 1,
                                     "abandoned_gateway_sessions":
                                         rec.stats.get("abandoned_gateway_sessions", []) + [rec.gateway_session_id]}}
@@ -301,9 +300,11 @@ def _write_result_file(ctx: StageContext, traj: Trajectory) -> None:
     tmp.replace(out / f"{traj.session_id}.json")
 
 
-def finish_early(ctx: StageContext, rec: SessionRecord, task: TaskRequest, outcome: str, error: str) -> str:
+def finish_early(ctx: StageContext, rec: SessionRecord, task: TaskRequest, outcome: str, error: str,
+                 expect: set[str] | None = None) -> str:
     """End a session that never ran (cancelled while queued): an empty trajectory, callbacks."""
-    new = ctx.store.transition(rec.session_id, outcome, node=ctx.node, error=error)
+    new = ctx.store.transition(rec.session_id, outcome, node=ctx.node, error=error, outcome=outcome,
+                               expect=expect)
     if new is None:
         return "skipped"
     traj = Trajectory(session_id=rec.session_id, task_id=rec.task_id, status=outcome,

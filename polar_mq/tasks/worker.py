@@ -31,7 +31,7 @@ def context() -> StageContext:
             queue = {INIT_TASK: "init", RUN_TASK: "run"}.get(name, "postrun")
             app.send_task(name, args=[arg], queue=queue)
 
-        _ctx = StageContext(settings=settings, store=PipelineStore(connect(settings.redis_url)),
+        _ctx = StageContext(settings=settings, store=PipelineStore(connect(settings.redis_url, ride_out_outages=60)),
                             gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
                             enqueue=enqueue)
     return _ctx

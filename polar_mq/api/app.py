@@ -1,0 +1,80 @@
+"""The Flask app factory of the rollout API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from flask import Flask, Response
+from werkzeug.exceptions import HTTPException
+
+from ..pipeline_store import PipelineStore
+from ..settings import PipelineSettings
+from ..store import StoreUnavailable, connect
+from ..taskspec import ValidationError
+from . import admin, ops, routes
+from .auth import check_bearer
+from .context import EXTENSION, ApiContext
+from .problems import Problem, unavailable, validation
+
+log = logging.getLogger("polar_mq.api")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from kombu.exceptions import OperationalError
+    except ImportError:  # pragma: no cover
+        return ()
+    return (OperationalError,)
+
+
+def create_app(settings: PipelineSettings, *, redis_client: redis.Redis | None = None,
+               celery: Any = None) -> Flask:
+    app = Flask("polar_mq.api")
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    client = redis_client if redis_client is not None else connect(settings.redis_url)
+    app.extensions[EXTENSION] = ApiContext(settings=settings, redis=client, store=PipelineStore(client),
+                                           _celery=celery)
+
+    @app.before_request
+    def _auth() -> None:
+        check_bearer(settings.api_token)
+
+    app.register_blueprint(routes.bp)
+    app.register_blueprint(admin.bp)
+    app.register_blueprint(ops.bp)
+
+    @app.errorhandler(Problem)
+    def _problem(exc: Problem) -> Response:
+        return exc.response()
+
+    @app.errorhandler(ValidationError)
+    def _validation(exc: ValidationError) -> Response:
+        return validation(exc.field, exc.message).response()
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        detail = exc.description or exc.name
+        resp = Problem(status, detail, title=exc.name).response()
+        if status == 405 and exc.get_response().headers.get("Allow"):
+            resp.headers["Allow"] = exc.get_response().headers["Allow"]
+        return resp
+
+    def _down(exc: Exception) -> Response:
+        log.warning("backend unavailable: %s", exc)
+        return unavailable(f"redis/broker unavailable: {exc}").response()
+
+    for exc_type in (redis.ConnectionError, redis.TimeoutError, StoreUnavailable, *_broker_errors()):
+        app.register_error_handler(exc_type, _down)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return Problem(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+    return app

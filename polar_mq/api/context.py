@@ -1,0 +1,64 @@
+"""What the request handlers share: settings, the Redis client, the pipeline store, Celery."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from flask import current_app
+
+from ..pipeline_store import PipelineStore
+from ..settings import PipelineSettings
+from ..store import Keys
+
+EXTENSION = "polar_mq"
+
+
+@dataclass
+class ApiContext:
+    settings: PipelineSettings
+    redis: redis.Redis
+    store: PipelineStore
+    _celery: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def keys(self) -> Keys:
+        return self.store.keys
+
+    @property
+    def celery(self) -> Any:
+        """The Celery app used to enqueue stage tasks (created on first use)."""
+        if self._celery is None:
+            with self._lock:
+                if self._celery is None:
+                    from ..tasks.celery_app import make_celery
+
+                    self._celery = make_celery(self.settings)
+        return self._celery
+
+    def stage_context(self):
+        """A stage context whose messages go through this API's Celery app."""
+        from ..tasks.celery_app import INIT_TASK, RUN_TASK
+        from ..tasks.context import GatewayClient, StageContext
+
+        def enqueue(name: str, arg: str) -> None:
+            queue = {INIT_TASK: "init", RUN_TASK: "run"}.get(name, "postrun")
+            self.celery.send_task(name, args=[arg], queue=queue)
+
+        return StageContext(settings=self.settings, store=self.store,
+                            gateway=GatewayClient(self.settings.gateway_url, self.settings.gateway_token),
+                            enqueue=enqueue)
+
+    def enqueued_key(self, task_id: str) -> str:
+        """Marks a task whose init messages were all handed to the broker."""
+        keys = self.keys
+        if hasattr(keys, "task_enqueued"):
+            return keys.task_enqueued(task_id)  # type: ignore[attr-defined]
+        return f"{keys.task(task_id)}:enqueued"
+
+
+def ctx() -> ApiContext:
+    return current_app.extensions[EXTENSION]

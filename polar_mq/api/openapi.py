@@ -1,0 +1,243 @@
+"""The hand-written OpenAPI 3.1 document served at /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..taskspec import BACKENDS, BUILDERS, HARNESSES
+
+SESSION_STATES = ["REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING",
+                  "COMPLETED", "ERROR", "TIMEOUT"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/problem+json": {"schema": _ref("Problem")}}}
+
+
+_PATH_TASK = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_ERRORS = {"401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable")}
+
+SCHEMAS: dict[str, Any] = {
+    "Problem": {
+        "type": "object", "description": "RFC 9457 problem details",
+        "required": ["type", "title", "status", "detail"],
+        "properties": {
+            "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+            "detail": {"type": "string"},
+            "field": {"type": "string", "description": "the invalid field, e.g. agent.harness"},
+        },
+    },
+    "Strategy": {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "object", "required": ["strategy"], "additionalProperties": False,
+             "properties": {"strategy": {"type": "string"}, "config": {"type": "object"}}},
+        ],
+    },
+    "TaskRequest": {
+        "type": "object", "required": ["instruction", "agent"], "additionalProperties": False,
+        "properties": {
+            "task_id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$",
+                        "description": "generated when absent; resubmitting the same id and body is idempotent"},
+            "instruction": {"type": "string", "minLength": 1},
+            "num_samples": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1},
+            "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "default": 600,
+                                "description": "budget per session, starting when INIT starts"},
+            "agent": {
+                "type": "object", "required": ["harness"], "additionalProperties": False,
+                "properties": {
+                    "harness": {"enum": list(HARNESSES)},
+                    "model": {"type": "string", "default": "policy"},
+                    "options": {"type": "object", "description": "harness-specific; shell needs `command`"},
+                },
+            },
+            "runtime": {
+                "type": "object", "additionalProperties": False,
+                "properties": {
+                    "backend": {"enum": list(BACKENDS), "default": "local"},
+                    "image": {"type": "string", "description": "required for docker and apptainer"},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "workdir": {"type": "string"},
+                    "prepare": {"type": "array", "items": {
+                        "type": "object", "description": "one of exec, upload, write"}},
+                    "cpus": {"type": "number"}, "memory_mb": {"type": "integer"},
+                    "allow_internet": {"type": "boolean", "default": False}, "gpus": {"type": "integer"},
+                },
+            },
+            "builder": {"allOf": [_ref("Strategy")],
+                        "description": f"one of {', '.join(BUILDERS)} or module:Class (default prefix_merging)"},
+            "grader": {"allOf": [_ref("Strategy")], "description": "default completion; `evaluator` is an alias"},
+            "callback_url": {"type": "string", "format": "uri"},
+            "metadata": {"type": "object"},
+        },
+    },
+    "Submitted": {
+        "type": "object", "required": ["task_id", "session_ids"],
+        "properties": {"task_id": {"type": "string"}, "session_ids": {"type": "array", "items": {"type": "string"}}},
+    },
+    "SessionSummary": {
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"}, "index": {"type": "integer"}, "state": {"enum": SESSION_STATES},
+            "attempt": {"type": "integer"}, "node": {"type": ["string", "null"]},
+            "error": {"type": ["string", "null"]}, "reward": {"type": ["number", "null"]},
+            "outcome": {"type": ["string", "null"]}, "exit_code": {"type": ["integer", "null"]},
+            "created_at": {"type": "number"}, "updated_at": {"type": "number"},
+            "deadline": {"type": ["number", "null"]},
+            "timings": {"type": "object", "additionalProperties": {"type": "number"},
+                        "description": "<state>_start / <state>_end unix times"},
+            "durations": {"type": "object", "additionalProperties": {"type": "number"},
+                          "description": "seconds per state"},
+        },
+    },
+    "TaskStatus": {
+        "type": "object",
+        "properties": {
+            "task_id": {"type": "string"}, "state": {"enum": ["pending", "running", "done"]},
+            "cancelled": {"type": "boolean"}, "created_at": {"type": "number"},
+            "num_samples": {"type": "integer"}, "harness": {"type": "string"},
+            "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "terminal": {"type": "integer"}, "mean_reward": {"type": ["number", "null"]},
+            "sessions": {"type": "array", "items": _ref("SessionSummary")},
+        },
+    },
+    "Trace": {
+        "type": "object",
+        "properties": {
+            "prompt_ids": {"type": "array", "items": {"type": "integer"}},
+            "response_ids": {"type": "array", "items": {"type": "integer"}},
+            "loss_mask": {"type": "array", "items": {"type": "integer"}},
+            "response_logprobs": {"type": ["array", "null"], "items": {"type": "number"}},
+            "messages": {"type": "array", "items": {"type": "object"}},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "finish_reason": {"type": ["string", "null"]}, "reward": {"type": ["number", "null"]},
+            "call_ids": {"type": "array", "items": {"type": "string"}}, "metadata": {"type": "object"},
+        },
+    },
+    "Trajectory": {
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"}, "task_id": {"type": ["string", "null"]},
+            "status": {"enum": ["COMPLETED", "ERROR", "TIMEOUT"]}, "builder": {"type": "string"},
+            "traces": {"type": "array", "items": _ref("Trace")}, "stats": {"type": "object"},
+            "reward": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]},
+            "metadata": {"type": "object"},
+        },
+    },
+    "Results": {
+        "type": "object",
+        "properties": {
+            "task_id": {"type": "string"}, "state": {"enum": ["pending", "running", "done"]},
+            "total_sessions": {"type": "integer"}, "offset": {"type": "integer"}, "count": {"type": "integer"},
+            "trajectories": {"type": "array", "items": _ref("Trajectory")},
+            "sessions_without_trajectory": {"type": "array", "items": {
+                "type": "object", "properties": {"session_id": {"type": "string"}, "state": {"type": "string"},
+                                                 "error": {"type": ["string", "null"]}}}},
+        },
+    },
+    "Pause": {
+        "type": "object",
+        "properties": {"paused": {"type": "boolean"}, "in_flight": {"type": "integer"},
+                       "drained": {"type": "boolean"}},
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "polar_mq rollout API", "version": "1",
+                 "description": "Submit rollout tasks, follow their sessions, fetch trajectories."},
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "required when POLAR_API_TOKEN is set"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/tasks": {
+                "post": {
+                    "summary": "Submit a TaskRequest (JSON, or YAML with content-type application/yaml)",
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": _ref("TaskRequest")},
+                        "application/yaml": {"schema": _ref("TaskRequest")}}},
+                    "responses": {
+                        "202": _json(_ref("Submitted"), "created; one init message per session enqueued"),
+                        "200": _json(_ref("Submitted"), "identical resubmit: the existing sessions"),
+                        "400": _problem("invalid TaskRequest; `field` names the field"),
+                        "409": _problem("task_id exists with a different body"), **_ERRORS},
+                },
+                "get": {
+                    "summary": "Recent tasks (newest first)",
+                    "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50}}],
+                    "responses": {"200": _json({"type": "object", "properties": {"tasks": {
+                        "type": "array", "items": _ref("TaskStatus")}}}, "task summaries"), **_ERRORS},
+                },
+            },
+            "/v1/tasks/{task_id}": {
+                "parameters": [_PATH_TASK],
+                "get": {"summary": "Task status with per-session states",
+                        "responses": {"200": _json(_ref("TaskStatus"), "status"),
+                                      "404": _problem("unknown task"), **_ERRORS}},
+                "delete": {"summary": "Cancel: registered sessions end in ERROR, running ones are stopped",
+                           "responses": {"202": _json({"type": "object"}, "cancellation accepted"),
+                                         "404": _problem("unknown task"), **_ERRORS}},
+            },
+            "/v1/tasks/{task_id}/results": {
+                "parameters": [_PATH_TASK],
+                "get": {
+                    "summary": "Trajectories of the task's finished sessions",
+                    "parameters": [
+                        {"name": "status", "in": "query", "schema": {"type": "string"},
+                         "description": "comma-separated COMPLETED,ERROR,TIMEOUT"},
+                        {"name": "min_reward", "in": "query", "schema": {"type": "number"}},
+                        {"name": "offset", "in": "query", "schema": {"type": "integer", "default": 0}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                    "responses": {"200": _json(_ref("Results"), "trajectories"),
+                                  "404": _problem("unknown task"), **_ERRORS},
+                },
+            },
+            "/v1/sessions/{session_id}": {
+                "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "get": {"summary": "One session record",
+                        "responses": {"200": _json({"type": "object"}, "the SessionRecord"),
+                                      "404": _problem("unknown session"), **_ERRORS}},
+            },
+            "/v1/admin/pause": {
+                "post": {
+                    "summary": "Pause the gateway and wait for in-flight generations",
+                    "parameters": [{"name": "wait", "in": "query", "schema": {"type": "number"},
+                                    "description": "seconds to wait (default settings.pause_wait)"}],
+                    "responses": {"200": _json(_ref("Pause"), "paused"), **_ERRORS},
+                },
+                "get": {"summary": "Whether the gateway is paused",
+                        "responses": {"200": _json(_ref("Pause"), "pause state"), **_ERRORS}},
+            },
+            "/v1/admin/resume": {
+                "post": {"summary": "Resume the gateway", "responses": {"200": _json(_ref("Pause"), "resumed"),
+                                                                        **_ERRORS}},
+            },
+            "/health": {
+                "get": {"summary": "Redis reachability and queue lengths (no token needed)", "security": [],
+                        "responses": {"200": _json({"type": "object"}, "healthy"),
+                                      "503": _problem("Redis unreachable")}},
+            },
+            "/metrics": {
+                "get": {"summary": "Prometheus metrics",
+                        "responses": {"200": {"description": "text exposition format",
+                                              "content": {"text/plain": {"schema": {"type": "string"}}}}}},
+            },
+            "/openapi.json": {
+                "get": {"summary": "This document", "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}},
+            },
+        },
+    }

@@ -1,0 +1,92 @@
+"""Operations endpoints: /health (public), /metrics (Prometheus text), /openapi.json."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import redis
+from flask import Blueprint, Response, jsonify
+
+from .. import states
+from ..tasks.celery_app import QUEUES
+from .context import ctx
+from .openapi import document
+from .problems import Problem
+
+bp = Blueprint("ops", __name__)
+
+
+def queue_lengths() -> dict[str, int]:
+    c = ctx()
+    with c.redis.pipeline(transaction=False) as pipe:
+        for q in QUEUES:
+            pipe.llen(q)
+        return dict(zip(QUEUES, (int(n) for n in pipe.execute())))
+
+
+@bp.get("/health")
+def health() -> Response:
+    c = ctx()
+    try:
+        c.redis.ping()
+        queues = queue_lengths()
+        paused = bool(c.redis.exists(c.keys.gateway_paused()))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Problem(503, f"redis unreachable: {exc}", kind="redis-unavailable", redis=False)
+    return jsonify({"status": "ok", "redis": True, "queues": queues, "gateway_paused": paused,
+                    "ready": len(c.store.ready_list()), "slots_held": len(c.store.slots_held())})
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name).strip("_").lower()
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    c = ctx()
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {_fmt(value)}")
+
+    counters = c.store.counters()
+    for key in sorted(counters):
+        name = f"polar_mq_{_metric_name(key)}_total"
+        metric(name, "counter", f"pipeline counter {key}", [("", counters[key])])
+
+    active = c.store.get_sessions(c.store.active_sessions())
+    by_state = Counter(r.state for r in active)
+    metric("polar_mq_sessions_active", "gauge", "non-terminal sessions by state",
+           [(f'{{state="{s}"}}', by_state.get(s, 0)) for s in states.ORDER])
+    terminal = [(f'{{state="{s}"}}', counters.get(f"sessions_{s.lower()}", 0.0))
+                for s in sorted(states.TERMINAL)]
+    metric("polar_mq_sessions_finished_total", "counter", "sessions that reached a terminal state", terminal)
+
+    metric("polar_mq_queue_length", "gauge", "messages waiting in a Celery stage queue",
+           [(f'{{queue="{q}"}}', n) for q, n in queue_lengths().items()])
+    metric("polar_mq_ready_buffer_length", "gauge", "sessions prepared and waiting for a run worker",
+           [("", len(c.store.ready_list()))])
+    metric("polar_mq_ready_slots_held", "gauge", "READY slots held (initializing or ready sessions)",
+           [("", len(c.store.slots_held()))])
+    metric("polar_mq_ready_capacity", "gauge", "READY buffer capacity",
+           [("", c.store.ready_capacity(c.settings.ready_capacity))])
+    inflight = c.redis.get(c.keys.gateway_inflight())
+    metric("polar_mq_gateway_inflight", "gauge", "generations in flight at the gateway",
+           [("", int(inflight) if inflight else 0)])
+    metric("polar_mq_gateway_paused", "gauge", "1 when the gateway is paused",
+           [("", 1 if c.redis.exists(c.keys.gateway_paused()) else 0)])
+    return Response("\n".join(lines) + "\n", mimetype="text/plain",
+                    headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    return jsonify(document())

@@ -1,0 +1,149 @@
+"""A small Python client for the rollout API.
+
+    from polar_mq.client import Client
+    c = Client()                       # $POLAR_API_URL, else http://127.0.0.1:8700; $POLAR_API_TOKEN
+    task = c.submit("task.yaml")       # or a dict
+    final = c.wait(task["task_id"], timeout=600)
+    trajectories = c.results(task["task_id"], status="COMPLETED", min_reward=0.5)["trajectories"]
+
+Errors come back as `ApiError` carrying the problem details the API answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+DEFAULT_URL = "http://127.0.0.1:8700"
+TERMINAL_STATES = frozenset({"COMPLETED", "ERROR", "TIMEOUT"})
+
+
+class ApiError(Exception):
+    """An error answer of the API (problem details) or an unreachable API (status 0)."""
+
+    def __init__(self, status: int, title: str, detail: str, *, field: str | None = None,
+                 problem: dict[str, Any] | None = None):
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.field = field
+        self.problem = problem or {}
+        where = f" [{field}]" if field else ""
+        super().__init__(f"{status} {title}{where}: {detail}" if status else f"{title}: {detail}")
+
+
+def default_url() -> str:
+    return (os.environ.get("POLAR_API_URL") or DEFAULT_URL).rstrip("/")
+
+
+def _content_type(path: Path, text: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "application/yaml"
+    if suffix == ".json":
+        return "application/json"
+    try:
+        json.loads(text)
+        return "application/json"
+    except ValueError:
+        return "application/yaml"
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 session: requests.Session | None = None):
+        self.url = (url or default_url()).rstrip("/")
+        self.token = token if token is not None else (os.environ.get("POLAR_API_TOKEN") or None)
+        self.timeout = timeout
+        self.http = session or requests.Session()
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        headers = dict(kwargs.pop("headers", None) or {})
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            resp = self.http.request(method, self.url + path, headers=headers,
+                                     timeout=timeout or self.timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise ApiError(0, "API unreachable", f"{method} {self.url}{path}: {exc}") from exc
+        if resp.status_code >= 400:
+            try:
+                problem = resp.json()
+            except ValueError:
+                problem = {}
+            if not isinstance(problem, dict):
+                problem = {}
+            raise ApiError(resp.status_code, problem.get("title") or resp.reason or "error",
+                           problem.get("detail") or resp.text[:500], field=problem.get("field"),
+                           problem=problem)
+        if not resp.content:
+            return None
+        ctype = resp.headers.get("Content-Type", "")
+        return resp.json() if "json" in ctype else resp.text
+
+    # --- API ------------------------------------------------------------------------------------
+    def submit(self, task: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+        """Submit a TaskRequest (a dict, or a path to a YAML/JSON file) → {"task_id", "session_ids"}."""
+        if isinstance(task, dict):
+            return self._request("POST", "/v1/tasks", json=task)
+        path = Path(task)
+        text = path.read_text(encoding="utf-8")
+        return self._request("POST", "/v1/tasks", data=text.encode("utf-8"),
+                             headers={"Content-Type": _content_type(path, text)})
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/tasks/{task_id}")
+
+    def tasks(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/tasks", params={"limit": limit})["tasks"]
+
+    def results(self, task_id: str, *, status: str | list[str] | None = None, min_reward: float | None = None,
+                **params: Any) -> dict[str, Any]:
+        query = {k: v for k, v in params.items() if v is not None}
+        if status:
+            query["status"] = status if isinstance(status, str) else ",".join(status)
+        if min_reward is not None:
+            query["min_reward"] = min_reward
+        return self._request("GET", f"/v1/tasks/{task_id}/results", params=query, timeout=max(self.timeout, 120))
+
+    def cancel(self, task_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/tasks/{task_id}")
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/sessions/{session_id}")
+
+    def pause(self, wait: float | None = None) -> dict[str, Any]:
+        params = {} if wait is None else {"wait": wait}
+        return self._request("POST", "/v1/admin/pause", params=params,
+                             timeout=(wait if wait is not None else 3600) + self.timeout)
+
+    def resume(self) -> dict[str, Any]:
+        return self._request("POST", "/v1/admin/resume")
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/health")
+
+    def wait(self, task_id: str, timeout: float | None = None, poll: float = 1.0,
+             on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until every session is terminal; returns the final status. `on_update(status)` is
+        called with the first status and whenever the counts change. Raises TimeoutError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last: Any = None
+        while True:
+            status = self.status(task_id)
+            key = (status.get("counts"), status.get("state"))
+            if on_update is not None and key != last:
+                on_update(status)
+            last = key
+            if status.get("state") == "done":
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"task {task_id} not done after {timeout}s: {status.get('counts')}")
+            sleep = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
+            time.sleep(sleep)

@@ -1,0 +1,237 @@
+"""Client-side sub-commands of `polar-mq`: api, submit, status, results, cancel.
+
+`add_commands(subparsers)` registers them; each sets `func` to a handler returning an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+STATE_ORDER = ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING",
+               "COMPLETED", "ERROR", "TIMEOUT")
+STATE_STYLE = {"COMPLETED": "green", "ERROR": "red", "TIMEOUT": "yellow", "RUNNING": "cyan"}
+
+
+def _client(args: argparse.Namespace):
+    from .client import Client
+
+    return Client(url=args.api, token=args.token)
+
+
+def _api_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api", help="API URL (default $POLAR_API_URL, else http://127.0.0.1:8700)")
+    p.add_argument("--token", help="bearer token (default $POLAR_API_TOKEN)")
+
+
+def _err(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+
+
+# --- api ---------------------------------------------------------------------------------------
+def _serve_api(args: argparse.Namespace) -> int:
+    from .api.serve import serve
+    from .embedded_redis import ensure_redis
+    from .settings import PipelineSettings
+
+    url, embedded = ensure_redis(args.redis)
+    if embedded:
+        print(f"started embedded redis at {url}", flush=True)
+    settings = PipelineSettings.from_env(redis_url=url, api_token=args.token)
+    serve(settings, host=args.host, port=args.port, dev=args.dev, workers=args.workers)
+    return 0
+
+
+# --- submit ------------------------------------------------------------------------------------
+def _total_seconds(session: dict[str, Any]) -> float | None:
+    timings = session.get("timings") or {}
+    starts = [v for k, v in timings.items() if k.endswith("_start")]
+    if not starts:
+        return None
+    return round(max(session.get("updated_at") or 0, *timings.values()) - min(starts), 1)
+
+
+def summary_table(status: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title=f"task {status['task_id']} — {status['state']}", show_lines=False)
+    for col in ("session", "state", "attempt", "reward", "seconds", "error"):
+        table.add_column(col, justify="right" if col in ("attempt", "reward", "seconds") else "left",
+                         overflow="fold")
+    for s in status.get("sessions") or []:
+        state = s["state"]
+        style = STATE_STYLE.get(state, "")
+        reward = "" if s.get("reward") is None else f"{s['reward']:.3g}"
+        secs = _total_seconds(s)
+        table.add_row(s["session_id"], f"[{style}]{state}[/]" if style else state, str(s.get("attempt", 0)),
+                      reward, "" if secs is None else str(secs), (s.get("error") or "")[:120])
+    counts = ", ".join(f"{k}={v}" for k, v in (status.get("counts") or {}).items())
+    mean = status.get("mean_reward")
+    table.caption = counts + ("" if mean is None else f"; mean reward {mean:.3g}")
+    return table
+
+
+class _Progress:
+    """A rich progress display: one bar per session state, plus the finished count."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=False)
+        self.rows: dict[str, Any] = {}
+
+    def __enter__(self) -> "_Progress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, status: dict[str, Any]) -> None:
+        total = status.get("num_samples") or sum((status.get("counts") or {}).values()) or 1
+        counts = status.get("counts") or {}
+        if "finished" not in self.rows:
+            self.rows["finished"] = self.progress.add_task("finished", total=total)
+        self.progress.update(self.rows["finished"], completed=status.get("terminal", 0), total=total)
+        for state in (*STATE_ORDER, *sorted(set(counts) - set(STATE_ORDER))):
+            n = counts.get(state, 0)
+            if state not in self.rows and n:
+                self.rows[state] = self.progress.add_task(state, total=total)
+            if state in self.rows:
+                self.progress.update(self.rows[state], completed=n, total=total)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .client import ApiError
+
+    client = _client(args)
+    try:
+        answer = client.submit(args.file)
+    except FileNotFoundError as exc:
+        _err(str(exc))
+        return 2
+    except ApiError as exc:
+        _err(str(exc))
+        return 2 if exc.status == 400 else 1
+    task_id = answer["task_id"]
+    print(json.dumps(answer) if args.json else f"task {task_id}: {len(answer['session_ids'])} session(s)",
+          flush=True)
+    if not args.wait:
+        return 0
+    console = Console(stderr=True)
+    try:
+        with _Progress(console) as progress:
+            final = client.wait(task_id, timeout=args.timeout, poll=args.poll, on_update=progress.update)
+    except TimeoutError as exc:
+        _err(str(exc))
+        return 124
+    except ApiError as exc:
+        _err(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        _err(f"stopped waiting; the task keeps running (polar-mq status {task_id})")
+        return 130
+    if args.json:
+        print(json.dumps(final))
+    else:
+        Console().print(summary_table(final))
+    return 1 if (final.get("counts") or {}).get("ERROR") else 0
+
+
+# --- status / cancel ---------------------------------------------------------------------------
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .client import ApiError
+
+    try:
+        status = _client(args).status(args.task_id)
+    except ApiError as exc:
+        _err(str(exc))
+        return 1
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        Console().print(summary_table(status))
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        answer = _client(args).cancel(args.task_id)
+    except ApiError as exc:
+        _err(str(exc))
+        return 1
+    print(json.dumps(answer, indent=2))
+    return 0
+
+
+# --- results -----------------------------------------------------------------------------------
+def _results(args: argparse.Namespace) -> int:
+    from .client import ApiError
+    from .export import export
+
+    if args.format == "parquet" and not args.out:
+        _err("--format parquet needs --out FILE")
+        return 2
+    try:
+        answer = _client(args).results(args.task_id, status=args.status, min_reward=args.min_reward)
+    except ApiError as exc:
+        _err(str(exc))
+        return 1
+    roles = args.role or None
+    n = export(answer["trajectories"], args.out or "-", args.format, harness=args.harness, roles=roles)
+    waiting = answer.get("sessions_without_trajectory") or []
+    note = f"; {len(waiting)} session(s) without a trajectory yet" if waiting else ""
+    print(f"{n} row(s) from {len(answer['trajectories'])} trajectorie(s) of task {args.task_id}"
+          f"{' → ' + args.out if args.out else ''}{note}", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    api = sub.add_parser("api", help="serve the rollout API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8700)
+    api.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL, else an embedded Redis)")
+    api.add_argument("--token", help="require this bearer token (default $POLAR_API_TOKEN)")
+    api.add_argument("--workers", type=int, help="gunicorn worker processes")
+    api.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
+    api.set_defaults(func=_serve_api)
+
+    submit = sub.add_parser("submit", help="submit a TaskRequest (YAML or JSON file)")
+    submit.add_argument("file")
+    submit.add_argument("--wait", action="store_true", help="follow the sessions until all are finished")
+    submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 124)")
+    submit.add_argument("--poll", type=float, default=1.0, help="with --wait: seconds between polls")
+    submit.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _api_flags(submit)
+    submit.set_defaults(func=_submit)
+
+    status = sub.add_parser("status", help="show a task's sessions")
+    status.add_argument("task_id")
+    status.add_argument("--json", action="store_true")
+    _api_flags(status)
+    status.set_defaults(func=_status)
+
+    results = sub.add_parser("results", help="fetch a task's trajectories (JSONL, Parquet or SFT)")
+    results.add_argument("task_id")
+    results.add_argument("--out", help="output file (default stdout; required for parquet)")
+    results.add_argument("--format", choices=("jsonl", "parquet", "sft"), default="jsonl")
+    results.add_argument("--status", help="only these trajectory statuses (comma-separated)")
+    results.add_argument("--min-reward", type=float)
+    results.add_argument("--harness", help="only trajectories of this harness")
+    results.add_argument("--role", action="append", help="only traces with this role (main, side, subagent...)")
+    _api_flags(results)
+    results.set_defaults(func=_results)
+
+    cancel = sub.add_parser("cancel", help="cancel a task")
+    cancel.add_argument("task_id")
+    _api_flags(cancel)
+    cancel.set_defaults(func=_cancel)
