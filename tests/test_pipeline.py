@@ -108,3 +108,52 @@ def test_ready_buffer_backpressure(pipeline):
     assert all(r.state == states.COMPLETED for r in store.get_sessions(sids))
     assert max_ready <= 2, max_ready
     assert max_running == 2
+
+
+class FlakyReceiver:
+    """An HTTP callback receiver that fails its first `failures` requests."""
+
+    def __init__(self, failures: int):
+        import http.server
+        import threading
+
+        self.failures = failures
+        self.attempts = 0
+        self.accepted: list[dict] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.attempts += 1
+                if outer.attempts <= outer.failures:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                outer.accepted.append(body)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_callbacks_retried_until_the_receiver_accepts(pipeline):
+    receiver = FlakyReceiver(failures=3)
+    task_id, sids = pipeline.submit(agent_task(num_samples=2, callback_url=receiver.url))
+    pipeline.wait(sids, timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and len(receiver.accepted) < 3:
+        time.sleep(0.2)
+    receiver.server.shutdown()
+    events = sorted(b["event"] for b in receiver.accepted)
+    assert events == ["session.finished", "session.finished", "task.finished"]
+    assert receiver.attempts == 3 + 3  # three refusals, then every message delivered once
+    task_msg = next(b for b in receiver.accepted if b["event"] == "task.finished")
+    assert task_msg["task_id"] == task_id and sorted(s["session_id"] for s in task_msg["sessions"]) == sorted(sids)
+    session_msg = next(b for b in receiver.accepted if b["event"] == "session.finished")
+    assert session_msg["trajectory"]["stats"]["traces"] == 1
