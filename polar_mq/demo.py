@@ -7,39 +7,18 @@ prints what the gateway captured.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
-from contextlib import ExitStack
+from pathlib import Path
 from typing import Any, Callable
 
 import requests
 
-from .embedded_redis import free_port, start_embedded
+from .embedded_redis import free_port
 
 WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
                 "required": ["path", "content"]}
 TASK = "Write hello into polar.txt"
-
-
-def _spawn(args: list[str], health: str, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args[2:4]} exited early; see {log_path}")
-        try:
-            if requests.get(health, timeout=1).status_code < 500:
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{health} did not come up; see {log_path}")
 
 
 def _openai_chat(s: dict[str, Any]) -> None:
@@ -108,59 +87,109 @@ ROUND_TRIPS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
 ]
 
 
-def main() -> int:
-    from rich.console import Console
+def _gateway_round_trips(console, gateway: str) -> int:
+    """Part 1: one tool round trip per provider API through the gateway; a table of captures."""
     from rich.table import Table
 
-    console = Console()
-    logs = tempfile.mkdtemp(prefix="polar-demo-")
-    with ExitStack() as stack:
-        redis_url = os.environ.get("POLAR_REDIS_URL")
-        if not redis_url:
-            server = start_embedded()
-            stack.callback(server.stop)
-            redis_url = server.url
-        console.print(f"[bold]redis[/] {redis_url}")
-        mport, gport = free_port(), free_port()
-        with console.status("starting the stand-in model server and the gateway…"):
-            ms = _spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport)],
-                        f"http://127.0.0.1:{mport}/health", f"{logs}/model-server.log")
-            stack.callback(ms.terminate)
-            gw = _spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
-                         "--redis", redis_url, "--upstream", f"http://127.0.0.1:{mport}", "--workers", "1"],
-                        f"http://127.0.0.1:{gport}/health", f"{logs}/gateway.log")
-            stack.callback(gw.terminate)
-        gateway = f"http://127.0.0.1:{gport}"
-        health = requests.get(f"{gateway}/health", timeout=5).json()
-        console.print(f"[bold]gateway[/] {gateway}  upstream token ids: {health['token_ids']}")
+    table = Table(title="gateway: one tool round trip per provider API (official SDKs)")
+    for col in ("provider", "call", "stream", "prompt tokens", "sampled tokens", "finish reason", "traces"):
+        table.add_column(col, justify="right" if "tokens" in col or col == "traces" else "left")
+    failures = 0
+    for provider, round_trip in ROUND_TRIPS:
+        session = requests.post(f"{gateway}/sessions", json={"metadata": {"demo": provider}}, timeout=10).json()
+        try:
+            round_trip(session)
+        except Exception as exc:  # show every provider even if one fails
+            failures += 1
+            console.print(f"[red]{provider} failed:[/] {type(exc).__name__}: {exc}")
+        calls = requests.get(f"{gateway}/sessions/{session['session_id']}/calls", timeout=10).json()["calls"]
+        traj = requests.get(f"{gateway}/sessions/{session['session_id']}/trajectory",
+                            params={"builder": "prefix_merging"}, timeout=10).json()
+        for i, rec in enumerate(calls, 1):
+            table.add_row(rec["provider"], str(i), "yes" if rec["stream"] else "no",
+                          str(len(rec["prompt_token_ids"])), str(len(rec["completion_token_ids"])),
+                          str(rec["finish_reason"] or rec["error"]),
+                          str(traj.get("stats", {}).get("traces", "?")) if i == len(calls) else "")
+    console.print(table)
+    return failures
 
-        table = Table(title="captured model calls (one tool round trip per provider API)")
-        for col in ("provider", "call", "stream", "prompt tokens", "sampled tokens", "finish reason",
-                    "latency ms"):
-            table.add_column(col, justify="right" if "tokens" in col or "ms" in col else "left")
-        failures = 0
-        for provider, round_trip in ROUND_TRIPS:
-            session = requests.post(f"{gateway}/sessions", json={"metadata": {"demo": provider}},
-                                    timeout=10).json()
-            try:
-                round_trip(session)
-            except Exception as exc:  # show every provider even if one fails
-                failures += 1
-                console.print(f"[red]{provider} failed:[/] {type(exc).__name__}: {exc}")
-            calls = requests.get(f"{gateway}/sessions/{session['session_id']}/calls", timeout=10).json()["calls"]
-            for i, rec in enumerate(calls, 1):
-                table.add_row(rec["provider"], str(i), "yes" if rec["stream"] else "no",
-                              str(len(rec["prompt_token_ids"])), str(len(rec["completion_token_ids"])),
-                              str(rec["finish_reason"] or rec["error"]), f"{rec['latency_ms']:.1f}")
-            traj = requests.get(f"{gateway}/sessions/{session['session_id']}/trajectory",
-                                params={"builder": "prefix_merging"}, timeout=10)
-            if traj.ok:
-                stats = traj.json()["stats"]
-                console.print(f"{provider}: {stats.get('calls')} calls → {stats.get('traces')} trace(s) with "
-                              f"prefix_merging, delivered_fraction {stats.get('delivered_fraction')}")
-        console.print(table)
-        console.print(f"logs: {logs}")
+
+def _pipeline(console, api_url: str, out_dir: Path) -> int:
+    """Part 2: a task with several samples through init → READY → run → postrun."""
+    from rich.progress import BarColumn, Progress, TextColumn
+    from rich.table import Table
+
+    from .client import Client
+    from .export import token_rows, write_jsonl
+
+    agent = Path(__file__).resolve().parent.parent / "examples" / "tiny_agent.py"
+    client = Client(api_url)
+    task = {"instruction": "Write hello into polar.txt", "num_samples": 4, "timeout_seconds": 120,
+            "agent": {"harness": "shell", "model": "demo-policy",
+                      "options": {"command": [sys.executable, str(agent)]}},
+            "runtime": {"backend": "local"}, "builder": {"strategy": "prefix_merging"},
+            "grader": {"strategy": "completion"}, "metadata": {"group_id": "demo"}}
+    sub = client.submit(task)
+    states = ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "COMPLETED", "ERROR", "TIMEOUT")
+    with Progress(TextColumn("{task.description:>12}"), BarColumn(), TextColumn("{task.completed:.0f}"),
+                  console=console, transient=True) as progress:
+        bars = {st: progress.add_task(st, total=task["num_samples"]) for st in states}
+
+        def update(status: dict[str, Any]) -> None:
+            counts = {st: 0 for st in states}
+            for sess in status["sessions"]:
+                counts[sess["state"] if sess["state"] in counts else "POST_RUN"] += 1
+            for st, bar in bars.items():
+                progress.update(bar, completed=counts[st])
+
+        status = client.wait(sub["task_id"], timeout=300, poll=0.3, on_update=update)
+    results = client.results(sub["task_id"])["trajectories"]
+    by_sid = {t["session_id"]: t for t in results}
+    table = Table(title=f"pipeline: task {sub['task_id']} ({task['num_samples']} samples, shell harness + tiny agent)")
+    for col in ("session", "state", "init s", "queue s", "run s", "postrun s", "calls", "traces",
+                "delivered", "reward"):
+        table.add_column(col, justify="left" if col in ("session", "state") else "right")
+    for sess in status["sessions"]:
+        t = sess.get("timings") or {}
+        traj = by_sid.get(sess["session_id"], {})
+        stats = traj.get("stats", {})
+
+        def span(a: str, b: str) -> str:
+            return f"{t[b] - t[a]:.2f}" if a in t and b in t else "-"
+
+        table.add_row(sess["session_id"][-8:], sess["state"], span("initializing_start", "ready_start"),
+                      span("ready_start", "running_start"), span("running_start", "post_run_start"),
+                      span("post_run_start", "post_run_end") if "post_run_end" in t else
+                      span("post_run_start", "building_end"),
+                      str(stats.get("calls", "-")), str(stats.get("traces", "-")),
+                      str(stats.get("delivered_fraction", "-")), str(traj.get("reward", "-")))
+    console.print(table)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{sub['task_id']}.jsonl"
+    rows = write_jsonl(token_rows(results), out)
+    console.print(f"results: {rows} trace rows written to [bold]{out}[/] "
+                  f"(also: polar-mq results {sub['task_id']} --format parquet --out FILE)")
+    return sum(1 for s in status["sessions"] if s["state"] != "COMPLETED")
+
+
+def main() -> int:
+    from rich.console import Console
+
+    from .up import launch
+
+    import shutil
+
+    console = Console(width=max(110, shutil.get_terminal_size().columns))
+    with console.status("starting redis, the stand-in model, the gateway, the API and the worker pools…"):
+        stack = launch(api_port=free_port(), gateway_port=free_port(), flower=False,
+                       concurrency=(2, 2, 1))
+    try:
+        console.print("[bold]polar_mq demo[/] (embedded defaults, no GPU)\n" + stack.describe())
+        failures = _gateway_round_trips(console, stack.gateway_url)
+        failures += _pipeline(console, stack.api_url, Path(tempfile.gettempdir()) / "polar_mq-demo-results")
         return 1 if failures else 0
+    finally:
+        stack.stop()
 
 
 if __name__ == "__main__":

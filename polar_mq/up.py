@@ -88,48 +88,86 @@ class Supervisor:
         return 0
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass
+class Stack:
+    """A running polar_mq: URLs of its parts and the supervisor that owns the processes."""
+
+    supervisor: Supervisor
+    api_url: str
+    gateway_url: str
+    redis_url: str
+    upstreams: list[str]
+    flower_url: str | None
+    log_dir: Path
+    embedded: object | None
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+        if self.embedded is not None:
+            self.embedded.stop()  # type: ignore[attr-defined]
+
+    def describe(self) -> str:
+        return (f"  API      {self.api_url}\n  gateway  {self.gateway_url}\n"
+                f"  upstream {', '.join(self.upstreams)}\n"
+                f"  redis    {self.redis_url}{' (embedded)' if self.embedded else ''}\n"
+                + (f"  flower   {self.flower_url}\n" if self.flower_url else "") + f"  logs     {self.log_dir}")
+
+
+def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int = 8600,
+           flower_port: int = 5555, redis: str | None = None, upstreams: list[str] | None = None,
+           concurrency: tuple[int, int, int] = (2, 4, 2), flower: bool = True,
+           extra_env: dict[str, str] | None = None) -> Stack:
+    """Start every role as child processes and wait until the API and gateway answer."""
     py = sys.executable
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
                    time.strftime("%Y%m%d-%H%M%S"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    redis_url, embedded = ensure_redis(args.redis)
-    gateway_url = f"http://{args.host}:{args.gateway_port}"
-    api_url = f"http://{args.host}:{args.api_port}"
+    redis_url, embedded = ensure_redis(redis)
+    gateway_url = f"http://{host}:{gateway_port}"
+    api_url = f"http://{host}:{api_port}"
     env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway_url, "POLAR_API_URL": api_url,
-           "FLOWER_UNAUTHENTICATED_API": "true"}
+           "FLOWER_UNAUTHENTICATED_API": "true", **(extra_env or {})}
     sup = Supervisor(log_dir, env)
     try:
-        upstreams = args.upstream or []
+        upstreams = list(upstreams or [])
         if not upstreams:
             port = free_port()
             ms = sup.spawn("model_server", [py, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
                                             "--port", str(port)])
             upstreams = [f"http://127.0.0.1:{port}"]
             _wait_http(f"{upstreams[0]}/health", ms)
-        gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", args.host, "--port", str(args.gateway_port),
+        gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", host, "--port", str(gateway_port),
                    "--redis", redis_url]
         for up in upstreams:
             gw_args += ["--upstream", up]
         gw = sup.spawn("gateway", gw_args)
-        api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", args.host,
-                                "--port", str(args.api_port), "--redis", redis_url])
-        for stage, n in (("init", args.init_concurrency), ("run", args.run_concurrency),
-                         ("postrun", args.postrun_concurrency)):
+        api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", host, "--port", str(api_port),
+                                "--redis", redis_url])
+        for stage, n in zip(("init", "run", "postrun"), concurrency):
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
                                           "--concurrency", str(n)])
         flower_url = None
-        if not args.no_flower and importlib.util.find_spec("flower") is not None:
+        if flower and importlib.util.find_spec("flower") is not None:
             sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
-                                 f"--port={args.flower_port}", f"--address={args.host}"])
-            flower_url = f"http://{args.host}:{args.flower_port}"
+                                 f"--port={flower_port}", f"--address={host}"])
+            flower_url = f"http://{host}:{flower_port}"
         _wait_http(f"{gateway_url}/health", gw)
         _wait_http(f"{api_url}/health", api)
-        print(f"polar_mq is up\n  API      {api_url}\n  gateway  {gateway_url}\n  upstream {', '.join(upstreams)}\n"
-              f"  redis    {redis_url}{' (embedded)' if embedded else ''}\n"
-              + (f"  flower   {flower_url}\n" if flower_url else "") + f"  logs     {log_dir}", flush=True)
-        return sup.watch()
-    finally:
+    except BaseException:
         sup.stop()
         if embedded:
             embedded.stop()
+        raise
+    return Stack(sup, api_url, gateway_url, redis_url, upstreams, flower_url, log_dir, embedded)
+
+
+def main(args: argparse.Namespace) -> int:
+    stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
+                   flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
+                   concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
+                   flower=not args.no_flower)
+    try:
+        print("polar_mq is up\n" + stack.describe(), flush=True)
+        return stack.supervisor.watch()
+    finally:
+        stack.stop()

@@ -102,3 +102,15 @@ def test_up_runs_everything_and_stops_on_sigterm(tmp_path):
     for port in (api_port, gw_port):
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    """The README's demo command: exits 0 and shows every provider and a completed pipeline."""
+    env = {**os.environ, "POLAR_REDIS_URL": "", "POLAR_LOG_DIR": str(tmp_path / "logs"),
+           "POLAR_SESSIONS_DIR": str(tmp_path / "sessions"), "POLAR_RESULTS_DIR": str(tmp_path / "results")}
+    out = subprocess.run([sys.executable, "-m", "polar_mq.cli", "demo"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for provider in ("openai_chat", "anthropic", "gemini"):
+        assert provider in out.stdout
+    assert out.stdout.count("COMPLETED") == 4 and "trace rows written" in out.stdout
