@@ -336,3 +336,22 @@ def test_upstream_without_token_ids_is_reported_loudly(log_dir, redis_url):
     finally:
         stop(server.proc)
         stop(ms.proc)
+
+
+def test_admin_token_protects_session_resources(log_dir, redis_url, model_server):
+    server = start_gateway(log_dir, redis_url, [model_server], name="gw-token",
+                           env={"POLAR_GATEWAY_TOKEN": "gw-secret"})
+    try:
+        assert requests.post(f"{server.url}/sessions", json={}, timeout=5).status_code == 401
+        auth = {"Authorization": "Bearer gw-secret"}
+        s = requests.post(f"{server.url}/sessions", json={}, headers=auth, timeout=5)
+        assert s.status_code == 201
+        sid = s.json()["session_id"]
+        assert requests.get(f"{server.url}/sessions/{sid}/calls", timeout=5).status_code == 401
+        assert requests.get(f"{server.url}/sessions/{sid}/calls", headers=auth, timeout=5).status_code == 200
+        # The session key alone never grants access to another session's records.
+        key = s.json()["key"]
+        r = requests.get(f"{server.url}/sessions/{sid}/calls", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        assert r.status_code == 401
+    finally:
+        stop(server.proc)
