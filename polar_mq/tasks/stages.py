@@ -7,6 +7,7 @@ live lease) and returns; a takeover after a dead worker finds a stale state and 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -26,9 +27,12 @@ from .lease import Lease, LeaseBusy
 log = logging.getLogger("polar_mq.stages")
 
 
-def _gateway_session_id(rec: SessionRecord, run_attempt: int) -> str:
-    """A fresh gateway session per run attempt: calls of a dead attempt never mix into the next."""
-    return rec.session_id if run_attempt == 0 else f"{rec.session_id}.r{run_attempt}"
+def register_gateway(ctx: StageContext, rec: SessionRecord, task: TaskRequest, run_attempt: int) -> dict[str, Any]:
+    """A gateway session for this run attempt (a fresh one per attempt, so the calls of a dead
+    attempt never mix into the next); returns the session-record fields that point at it."""
+    gw_sid = rec.session_id if run_attempt == 0 else f"{rec.session_id}.r{run_attempt}"
+    gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": rec.session_id, **task.metadata})
+    return {"gateway_session_id": gw["session_id"], "gateway_key": gw["key"], "base_urls": gw["base_urls"]}
 
 
 class Handoff:
@@ -48,19 +52,31 @@ class Handoff:
         self.pending.clear()
 
 
-def _deferred(stage):
-    """Run `stage` with ctx.enqueue deferred until it returns (after its lease is released)."""
-    def wrapper(ctx: StageContext, session_id: str) -> str:
-        handoff = Handoff(ctx)
-        local = StageContext(settings=ctx.settings, store=ctx.store, gateway=ctx.gateway,
-                             enqueue=handoff, node=ctx.node)
-        try:
-            return stage(local, session_id)
-        finally:
-            handoff.flush()
-    wrapper.__name__ = stage.__name__
-    wrapper.__doc__ = stage.__doc__
-    return wrapper
+def stage(*accepts: str):
+    """Decorate a stage body `(ctx, rec, task, lease) -> str`: load the session, skip it unless
+    its state is one this stage accepts (a duplicate delivery), hold its lease for the body
+    ("busy" if a live worker holds it), and send next-stage messages only after the lease is
+    released so the next worker never finds the session still held."""
+    def decorate(body):
+        @functools.wraps(body)
+        def run(ctx: StageContext, session_id: str) -> str:
+            handoff = Handoff(ctx)
+            local = StageContext(settings=ctx.settings, store=ctx.store, gateway=ctx.gateway,
+                                 enqueue=handoff, node=ctx.node)
+            try:
+                rec = ctx.store.get_session(session_id)
+                if rec is None or rec.state not in accepts:
+                    return "skipped"
+                task = ctx.store.task_request(rec.task_id)
+                try:
+                    with Lease(ctx.store, session_id, ctx.settings.lease_ttl) as lease:
+                        return body(local, rec, task, lease)
+                except LeaseBusy:
+                    return "busy"
+            finally:
+                handoff.flush()
+        return run
+    return decorate
 
 
 def session_dir(ctx: StageContext, rec: SessionRecord) -> Path:
@@ -68,59 +84,48 @@ def session_dir(ctx: StageContext, rec: SessionRecord) -> Path:
 
 
 # --- init ----------------------------------------------------------------------------------------
-@_deferred
-def init_session(ctx: StageContext, session_id: str) -> str:
+@stage(states.REGISTERED, states.INITIALIZING)
+def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Wait for a READY slot, start the runtime, prepare it, register the gateway session."""
-    store = ctx.store
-    rec = store.get_session(session_id)
-    if rec is None or rec.state not in (states.REGISTERED, states.INITIALIZING):
+    store, session_id = ctx.store, rec.session_id
+    if store.is_cancelled(rec.task_id):
+        return finish_early(ctx, rec, task, states.ERROR, "cancelled")
+    # Backpressure: never prepare more sessions than the READY buffer holds.
+    store.transition(session_id, None, node=ctx.node)  # mark "taken" for the janitor
+    capacity = ctx.settings.ready_capacity
+    while not store.try_acquire_slot(session_id, capacity):
+        if store.is_cancelled(rec.task_id):
+            return finish_early(ctx, rec, task, states.ERROR, "cancelled")
+        if lease.lost.is_set():
+            return "lease lost"
+        store.wait_for_slot(timeout=1.0)
+    takeover = rec.state == states.INITIALIZING
+    now = time.time()
+    rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
+                           expect={states.REGISTERED, states.INITIALIZING},
+                           deadline=rec.deadline or now + task.timeout_seconds)
+    if rec is None:
         return "skipped"
-    task = store.task_request(rec.task_id)
-    try:
-        with Lease(store, session_id, ctx.settings.lease_ttl) as lease:
-            if store.is_cancelled(rec.task_id):
-                return finish_early(ctx, rec, task, states.ERROR, "cancelled")
-            # Backpressure: never prepare more sessions than the READY buffer holds.
-            store.transition(session_id, None, node=ctx.node)  # mark "taken" for the janitor
-            capacity = ctx.settings.ready_capacity
-            while not store.try_acquire_slot(session_id, capacity):
-                if store.is_cancelled(rec.task_id):
-                    return finish_early(ctx, rec, task, states.ERROR, "cancelled")
-                if lease.lost.is_set():
-                    return "lease lost"
-                store.wait_for_slot(timeout=1.0)
-            takeover = rec.state == states.INITIALIZING
-            now = time.time()
-            rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
-                                   expect={states.REGISTERED, states.INITIALIZING},
-                                   deadline=rec.deadline or now + task.timeout_seconds)
-            if rec is None:
-                return "skipped"
-            runtime = get_runtime(task.runtime.backend)
-            if takeover and rec.runtime:
-                runtime.stop(rec.runtime)
-            sdir = session_dir(ctx, rec)
-            handle = runtime.start(task.runtime, sdir, session_id)
-            store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
-            for i, step in enumerate(task.runtime.prepare):
-                if time.time() > rec.deadline:
-                    return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent during prepare")
-                err = _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log",
-                                    rec.deadline - time.time(), lease)
-                if err:
-                    return to_postrun(ctx, session_id, states.ERROR, f"prepare step {i} failed: {err}")
-            gw_sid = _gateway_session_id(rec, 0)
-            gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": session_id, **task.metadata})
-            rec = store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
-                                   gateway_session_id=gw["session_id"], gateway_key=gw["key"],
-                                   base_urls=gw["base_urls"])
-            if rec is None:
-                return "skipped"
-            store.push_ready(session_id)
-            ctx.enqueue(RUN_TASK, session_id)
-            return "ready"
-    except LeaseBusy:
-        return "busy"
+    runtime = get_runtime(task.runtime.backend)
+    if takeover and rec.runtime:
+        runtime.stop(rec.runtime)
+    sdir = session_dir(ctx, rec)
+    handle = runtime.start(task.runtime, sdir, session_id)
+    store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
+    for i, step in enumerate(task.runtime.prepare):
+        if time.time() > rec.deadline:
+            return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent during prepare")
+        err = _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log",
+                            rec.deadline - time.time(), lease)
+        if err:
+            return to_postrun(ctx, session_id, states.ERROR, f"prepare step {i} failed: {err}")
+    rec = store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
+                           **register_gateway(ctx, rec, task, 0))
+    if rec is None:
+        return "skipped"
+    store.push_ready(session_id)
+    ctx.enqueue(RUN_TASK, session_id)
+    return "ready"
 
 
 def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, budget: float,
@@ -145,79 +150,68 @@ def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, b
 
 
 # --- run -----------------------------------------------------------------------------------------
-@_deferred
-def run_session(ctx: StageContext, session_id: str) -> str:
+@stage(states.READY, states.RUNNING)
+def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Launch the harness in the runtime under the session's remaining budget."""
-    store = ctx.store
-    rec = store.get_session(session_id)
-    if rec is None or rec.state not in (states.READY, states.RUNNING):
+    store, session_id = ctx.store, rec.session_id
+    takeover = rec.state == states.RUNNING
+    runtime = get_runtime(task.runtime.backend)
+    fields: dict[str, Any] = {}
+    if takeover:
+        # The previous run worker died: kill what it left, start a clean attempt.
+        runtime.reap(rec.runtime)
+        run_attempt = int(rec.stats.get("run_attempts", 1))
+        fields = {**register_gateway(ctx, rec, task, run_attempt),
+                  "stats": {**rec.stats, "run_attempts": run_attempt + 1,
+                            "abandoned_gateway_sessions":
+                                rec.stats.get("abandoned_gateway_sessions", []) + [rec.gateway_session_id]}}
+    else:
+        fields = {"stats": {**rec.stats, "run_attempts": 1}}
+    rec = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
+                           node=ctx.node, **fields)
+    if rec is None:
         return "skipped"
-    task = store.task_request(rec.task_id)
-    try:
-        with Lease(store, session_id, ctx.settings.lease_ttl) as lease:
-            takeover = rec.state == states.RUNNING
-            runtime = get_runtime(task.runtime.backend)
-            fields: dict[str, Any] = {}
-            if takeover:
-                # The previous run worker died: kill what it left, start a clean attempt.
-                runtime.reap(rec.runtime)
-                run_attempt = int(rec.stats.get("run_attempts", 1))
-                gw_sid = _gateway_session_id(rec, run_attempt)
-                gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": session_id, **task.metadata})
-                fields = {"gateway_session_id": gw["session_id"], "gateway_key": gw["key"],
-                          "base_urls": gw["base_urls"],
-                          "stats": {**rec.stats, "run_attempts": run_attempt + 1,
-                                    "abandoned_gateway_sessions":
-                                        rec.stats.get("abandoned_gateway_sessions", []) + [rec.gateway_session_id]}}
-            else:
-                fields = {"stats": {**rec.stats, "run_attempts": 1}}
-            rec = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
-                                   node=ctx.node, **fields)
-            if rec is None:
-                return "skipped"
-            store.take_ready(session_id)
-            if store.is_cancelled(rec.task_id):
-                return to_postrun(ctx, session_id, states.ERROR, "cancelled")
-            remaining = (rec.deadline or time.time()) - time.time()
-            if remaining <= 0:
-                return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent before the harness started")
-            harness = get_harness(task.agent.harness)
-            sdir = session_dir(ctx, rec)
-            launch = harness.launch(HarnessContext(
-                session_id=session_id, instruction=task.instruction, model=task.agent.model,
-                key=rec.gateway_key or "", base_urls=rec.base_urls, home=Path(rec.runtime["home"]),
-                workdir=Path(rec.runtime["workdir"]), options=task.agent.options))
-            last_check = [0.0]
+    store.take_ready(session_id)
+    if store.is_cancelled(rec.task_id):
+        return to_postrun(ctx, session_id, states.ERROR, "cancelled")
+    remaining = (rec.deadline or time.time()) - time.time()
+    if remaining <= 0:
+        return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent before the harness started")
+    harness = get_harness(task.agent.harness)
+    sdir = session_dir(ctx, rec)
+    launch = harness.launch(HarnessContext(
+        session_id=session_id, instruction=task.instruction, model=task.agent.model,
+        key=rec.gateway_key or "", base_urls=rec.base_urls, home=Path(rec.runtime["home"]),
+        workdir=Path(rec.runtime["workdir"]), options=task.agent.options))
+    last_check = [0.0]
 
-            def should_stop() -> bool:
-                if lease.lost.is_set():
-                    return True
-                now = time.time()
-                if now - last_check[0] < 0.5:
-                    return False
-                last_check[0] = now
-                return store.is_cancelled(rec.task_id)
+    def should_stop() -> bool:
+        if lease.lost.is_set():
+            return True
+        now = time.time()
+        if now - last_check[0] < 0.5:
+            return False
+        last_check[0] = now
+        return store.is_cancelled(rec.task_id)
 
-            def on_start(info: dict[str, Any]) -> None:
-                store.transition(session_id, None, runtime={**rec.runtime, **info})
+    def on_start(info: dict[str, Any]) -> None:
+        store.transition(session_id, None, runtime={**rec.runtime, **info})
 
-            result = runtime.exec(rec.runtime, launch.command, env=launch.env, timeout=remaining,
-                                  log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
-                                  should_stop=should_stop, on_start=on_start)
-            if lease.lost.is_set():
-                return "lease lost"  # another worker owns the session now
-            if result.timed_out:
-                outcome, error = states.TIMEOUT, f"harness stopped after {result.duration_s:.1f} s (budget)"
-            elif result.stopped:
-                outcome, error = states.ERROR, "cancelled"
-            elif result.exit_code == 0:
-                outcome, error = states.COMPLETED, None
-            else:
-                outcome, error = states.ERROR, (f"harness exited with {result.exit_code}: "
-                                                f"{result.output_tail[-300:].strip()}")
-            return to_postrun(ctx, session_id, outcome, error, exit_code=result.exit_code)
-    except LeaseBusy:
-        return "busy"
+    result = runtime.exec(rec.runtime, launch.command, env=launch.env, timeout=remaining,
+                          log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
+                          should_stop=should_stop, on_start=on_start)
+    if lease.lost.is_set():
+        return "lease lost"  # another worker owns the session now
+    if result.timed_out:
+        outcome, error = states.TIMEOUT, f"harness stopped after {result.duration_s:.1f} s (budget)"
+    elif result.stopped:
+        outcome, error = states.ERROR, "cancelled"
+    elif result.exit_code == 0:
+        outcome, error = states.COMPLETED, None
+    else:
+        outcome, error = states.ERROR, (f"harness exited with {result.exit_code}: "
+                                        f"{result.output_tail[-300:].strip()}")
+    return to_postrun(ctx, session_id, outcome, error, exit_code=result.exit_code)
 
 
 def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | None, **fields: Any) -> str:
@@ -229,67 +223,59 @@ def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | No
 
 
 # --- postrun -------------------------------------------------------------------------------------
-@_deferred
-def postrun_session(ctx: StageContext, session_id: str) -> str:
+@stage(states.POST_RUN, states.BUILDING, states.EVALUATING)
+def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Build the trajectory from the captured calls, grade it, tear down, store, call back."""
-    store = ctx.store
-    rec = store.get_session(session_id)
-    if rec is None or rec.state not in (states.POST_RUN, states.BUILDING, states.EVALUATING):
+    store, session_id = ctx.store, rec.session_id
+    rec = store.transition(session_id, states.BUILDING, node=ctx.node,
+                           expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
+    if rec is None:
         return "skipped"
-    task = store.task_request(rec.task_id)
+    outcome = rec.outcome or states.ERROR
+    calls = ctx.gateway.calls(rec.gateway_session_id) if rec.gateway_session_id else []
     try:
-        with Lease(store, session_id, ctx.settings.lease_ttl):
-            rec = store.transition(session_id, states.BUILDING, node=ctx.node,
-                                   expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
-            if rec is None:
-                return "skipped"
-            outcome = rec.outcome or states.ERROR
-            calls = ctx.gateway.calls(rec.gateway_session_id) if rec.gateway_session_id else []
-            try:
-                traj = merge.build(task.builder.strategy, calls, task.builder.config or None,
-                                   session_id=session_id, task_id=rec.task_id, status=outcome)
-            except Exception as exc:  # a bad builder config must not lose the session
-                log.exception("builder failed for %s", session_id)
-                traj = Trajectory(session_id=session_id, task_id=rec.task_id, status=states.ERROR,
-                                  builder=task.builder.strategy, stats={"calls": len(calls)})
-                outcome, rec.error = states.ERROR, f"builder {task.builder.strategy!r} failed: {exc}"
-            traj.error = rec.error
-            traj.metadata.update({**task.metadata, "harness": task.agent.harness, "model": task.agent.model,
-                                  "attempt": rec.attempt, "node": rec.node,
-                                  "gateway_session_id": rec.gateway_session_id})
-            store.transition(session_id, states.EVALUATING, node=ctx.node)
-            try:
-                grade = load_grader(task.grader.strategy, task.grader.config).grade(
-                    traj, {"session": rec.to_dict(), "task": task.to_dict()})
-                traj.reward = grade.reward
-                traj.metadata["grade"] = grade.details
-                if grade.status == "error":
-                    outcome = states.ERROR
-                    traj.error = traj.error or f"grader error: {grade.details}"
-            except Exception as exc:
-                log.exception("grader failed for %s", session_id)
-                traj.reward, outcome = None, states.ERROR
-                traj.error = f"grader {task.grader.strategy!r} failed: {exc}"
-            for trace in traj.traces:
-                trace.reward = traj.reward
-            traj.status = outcome
-            timings = dict(rec.timings)
-            traj.metadata["timings"] = timings
-            store.save_trajectory(traj)
-            _write_result_file(ctx, traj)
-            if rec.runtime:
-                try:
-                    get_runtime(task.runtime.backend).stop(rec.runtime)
-                except Exception:
-                    log.exception("teardown failed for %s", session_id)
-            rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
-                                   error=traj.error, stats={**rec.stats, **traj.stats})
-            if rec is None:
-                return "skipped"
-            _callbacks(ctx, task, rec, traj)
-            return outcome.lower()
-    except LeaseBusy:
-        return "busy"
+        traj = merge.build(task.builder.strategy, calls, task.builder.config or None,
+                           session_id=session_id, task_id=rec.task_id, status=outcome)
+    except Exception as exc:  # a bad builder config must not lose the session
+        log.exception("builder failed for %s", session_id)
+        traj = Trajectory(session_id=session_id, task_id=rec.task_id, status=states.ERROR,
+                          builder=task.builder.strategy, stats={"calls": len(calls)})
+        outcome, rec.error = states.ERROR, f"builder {task.builder.strategy!r} failed: {exc}"
+    traj.error = rec.error
+    traj.metadata.update({**task.metadata, "harness": task.agent.harness, "model": task.agent.model,
+                          "attempt": rec.attempt, "node": rec.node,
+                          "gateway_session_id": rec.gateway_session_id})
+    store.transition(session_id, states.EVALUATING, node=ctx.node)
+    try:
+        grade = load_grader(task.grader.strategy, task.grader.config).grade(
+            traj, {"session": rec.to_dict(), "task": task.to_dict()})
+        traj.reward = grade.reward
+        traj.metadata["grade"] = grade.details
+        if grade.status == "error":
+            outcome = states.ERROR
+            traj.error = traj.error or f"grader error: {grade.details}"
+    except Exception as exc:
+        log.exception("grader failed for %s", session_id)
+        traj.reward, outcome = None, states.ERROR
+        traj.error = f"grader {task.grader.strategy!r} failed: {exc}"
+    for trace in traj.traces:
+        trace.reward = traj.reward
+    traj.status = outcome
+    timings = dict(rec.timings)
+    traj.metadata["timings"] = timings
+    store.save_trajectory(traj)
+    _write_result_file(ctx, traj)
+    if rec.runtime:
+        try:
+            get_runtime(task.runtime.backend).stop(rec.runtime)
+        except Exception:
+            log.exception("teardown failed for %s", session_id)
+    rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
+                           error=traj.error, stats={**rec.stats, **traj.stats})
+    if rec is None:
+        return "skipped"
+    _callbacks(ctx, task, rec, traj)
+    return outcome.lower()
 
 
 def _write_result_file(ctx: StageContext, traj: Trajectory) -> None:
