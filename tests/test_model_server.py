@@ -310,7 +310,8 @@ def test_streaming_matches_non_streaming(client, text, tools):
             if tcd.id:
                 assert slot["id"] is None
                 slot["id"], slot["name"] = tcd.id, tcd.function.name
-                assert tcd.function.arguments == ""
+                # real vLLM 0.32 (hermes parser): the header delta has no `arguments` key
+                assert tcd.function.arguments is None
             else:
                 slot["arguments"] += tcd.function.arguments
     fc = full.choices[0]

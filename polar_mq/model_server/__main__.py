@@ -22,6 +22,8 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
     p.add_argument("--no-token-ids", action="store_true",
                    help="ignore return_token_ids (prompt_token_ids/token_ids come back null)")
     p.add_argument("--latency-ms", type=int, default=0, help="extra delay before every answer")
+    p.add_argument("--token-latency-ms", type=float, default=0.0,
+                   help="delay per sampled token (between stream chunks; summed for a whole answer)")
     p.add_argument("--cache-dir", default=None, help="tokenizer cache root (default $POLAR_CACHE_DIR or ~/.cache/polar_mq)")
     return p
 
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         scripted=scripted,
         return_token_ids=not args.no_token_ids,
         latency_ms=args.latency_ms,
+        token_latency_ms=args.token_latency_ms,
         cache_dir=args.cache_dir,
     )
     app = create_app(config)

@@ -9,6 +9,7 @@ completion text plus ``<|im_end|>`` when the turn ends naturally.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -24,7 +25,7 @@ from .completion import (
     new_tool_call_id,
     parse_completion,
     sampled_logprob,
-    stream_deltas,
+    token_deltas,
 )
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
@@ -39,6 +40,7 @@ class ServerConfig:
     scripted: list[dict] | None = None
     return_token_ids: bool = True  # False: behave like an upstream that ignores return_token_ids
     latency_ms: int = 0
+    token_latency_ms: float = 0.0  # per sampled token: between stream chunks, summed when not streaming
     cache_dir: str | None = None
 
 
@@ -282,7 +284,25 @@ class StandIn:
 
 def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}
+            "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+def _stream_usage(prompt: int, completion: int, details: bool = False) -> dict:
+    """Usage in stream chunks: the final usage chunk is dumped with exclude_none; continuous usage
+    stats carry an explicit ``completion_tokens_details: null``."""
+    out = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+    if details:
+        out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+               "completion_tokens_details": None}
+    return out
+
+
+def system_fingerprint(config: "ServerConfig") -> str:
+    """vLLM's default (``--fingerprint-mode full``): ``vllm-<version>-<hash8 of the config>``."""
+    import hashlib
+
+    h = hashlib.sha256(f"{config.served_model_name}|{config.max_model_len}".encode()).hexdigest()[:8]
+    return f"vllm-{VLLM_VERSION}-{h}"
 
 
 def _sse(obj: Any) -> str:
@@ -298,6 +318,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         config = ServerConfig(**config)
     state = StandIn(config)
     tok = state.tok
+    fingerprint = system_fingerprint(config)
     app = Flask("polar_mq.model_server")
     # Key order is data here (tool arguments, schemas render into prompts): never sort it.
     app.json.sort_keys = False
@@ -404,6 +425,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         model = config.served_model_name
         if not body.get("stream"):
             state.delay(gen)
+            if config.token_latency_ms:
+                time.sleep(len(gen.ids) * config.token_latency_ms / 1000.0)
             choice = {
                 "index": 0,
                 "message": gen.message,
@@ -411,15 +434,16 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 "finish_reason": gen.finish_reason,
                 "stop_reason": gen.stop_reason,
                 "token_ids": gen.ids if want_ids else None,
+                "routed_experts": None,
             }
             return _json_response({
                 "id": rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [choice], "service_tier": None, "system_fingerprint": None,
+                "choices": [choice], "service_tier": None, "system_fingerprint": fingerprint,
                 "usage": _usage(len(gen.prompt_ids), len(gen.ids)),
                 "prompt_logprobs": state.prompt_logprobs(body, gen.prompt_ids),
                 "prompt_token_ids": gen.prompt_ids if want_ids else None,
                 "prompt_text": gen.prompt_text if body.get("return_prompt_text") else None,
-                "kv_transfer_params": None,
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
             })
         so = body.get("stream_options") or {}
         include_usage = bool(so.get("include_usage"))
@@ -427,50 +451,51 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         state.delay(gen)
 
         def frames() -> Iterator[str]:
+            # As vLLM 0.32 (serving.py, chat_completion_stream_generator): a first chunk with the
+            # role (and prompt_token_ids / prompt_text keys, null unless asked for); then one chunk
+            # per sampled token -- a token whose delta is empty is skipped unless return_token_ids
+            # or logprobs is on (then it comes as ``delta: {}`` so that no id is lost); the last
+            # token's chunk carries finish_reason + stop_reason; system_fingerprint rides on it,
+            # or on the usage chunk (exclude_none) when include_usage is on.
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
             n_prompt = len(gen.prompt_ids)
-            emitted = 0
-
-            def chunk(delta: dict, ids: list[int] | None, finish: str | None = None,
-                      stop_reason: Any = None, last: bool = False) -> dict:
-                nonlocal emitted
-                c: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                if ids is not None and k is not None:
-                    c["logprobs"] = {"content": logprob_entries(tok, ids, emitted, k, as_ids)}
-                if last:
-                    c["stop_reason"] = stop_reason
-                if ids is not None:
-                    emitted += len(ids)
-                    if want_ids:
-                        c["token_ids"] = ids
-                obj = dict(base, choices=[c])
-                if continuous:
-                    obj["usage"] = _usage(n_prompt, emitted)
-                return obj
-
-            first = chunk({"role": "assistant", "content": ""}, None)
-            if want_ids:
-                first["prompt_token_ids"] = gen.prompt_ids
-            if body.get("return_prompt_text"):
-                first["prompt_text"] = gen.prompt_text
-            if body.get("prompt_logprobs") is not None:
-                first["prompt_logprobs"] = state.prompt_logprobs(body, gen.prompt_ids)
+            first_choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}
+            first = dict(base, choices=[first_choice],
+                         prompt_token_ids=gen.prompt_ids if want_ids else None,
+                         prompt_text=gen.prompt_text if body.get("return_prompt_text") else None)
+            if continuous:
+                first["usage"] = _stream_usage(n_prompt, 0, details=True)
             yield _sse(first)
-            # stream from the full reply's layout; the visible text is a prefix of it
             call_ids = list(gen.call_ids)
             while len(call_ids) < len(gen.reply.tool_calls):
                 call_ids.append(new_tool_call_id())
             names = [tc.name for tc in gen.reply.tool_calls]
-            pieces = stream_deltas(tok, gen.reply, gen.ids, call_ids, names, limit=len(gen.text))
-            tail: list[int] = []
-            if pieces and not pieces[-1][0]:
-                tail = pieces.pop()[1]
-            for parts, ids in pieces:
-                for j, delta in enumerate(parts):
-                    yield _sse(chunk(delta, ids if j == len(parts) - 1 else []))
-            yield _sse(chunk({}, tail, gen.finish_reason, gen.stop_reason, last=True))
+            deltas = token_deltas(tok, gen.reply, gen.ids, call_ids, names, limit=len(gen.text))
+            per_token = want_ids or k is not None
+            last = len(gen.ids) - 1
+            for i, (t, delta) in enumerate(zip(gen.ids, deltas)):
+                if config.token_latency_ms:
+                    time.sleep(config.token_latency_ms / 1000.0)
+                if delta is None and i != last and not per_token:
+                    continue
+                c: dict[str, Any] = {"index": 0, "delta": delta or {},
+                                     "logprobs": {"content": logprob_entries(tok, [t], i, k, as_ids)}
+                                     if k is not None else None,
+                                     "finish_reason": None}
+                if i == last:
+                    c["finish_reason"] = gen.finish_reason
+                    c["stop_reason"] = gen.stop_reason
+                c["token_ids"] = [t] if want_ids else None
+                obj = dict(base, choices=[c])
+                if i == last and not include_usage:
+                    obj["system_fingerprint"] = fingerprint
+                if continuous:
+                    obj["usage"] = _stream_usage(n_prompt, i + 1, details=True)
+                yield _sse(obj)
             if include_usage:
-                yield _sse(dict(base, choices=[], usage=_usage(n_prompt, len(gen.ids))))
+                yield _sse(dict(base, choices=[], usage=_stream_usage(n_prompt, len(gen.ids)),
+                                system_fingerprint=fingerprint))
             yield "data: [DONE]\n\n"
 
         return Response(frames(), mimetype="text/event-stream",
@@ -530,17 +555,33 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         created = int(time.time())
         usage = _usage(len(prompt_ids), len(ids))
         if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
             def frames() -> Iterator[str]:
+                # As vLLM 0.32: one chunk per token (text piece, its logprobs, token_ids; the
+                # prompt ids on the first chunk only), finish_reason on the last token's chunk.
                 base = {"id": rid, "object": "text_completion", "created": created, "model": config.served_model_name}
-                c = {"index": 0, "text": visible, "logprobs": lp, "finish_reason": None, "stop_reason": None}
-                if want_ids:
-                    c["prompt_token_ids"] = prompt_ids
-                    c["token_ids"] = ids
-                yield _sse(dict(base, choices=[c]))
-                yield _sse(dict(base, choices=[{"index": 0, "text": "", "logprobs": None,
-                                                 "finish_reason": finish, "stop_reason": stop_reason}]))
-                if (body.get("stream_options") or {}).get("include_usage"):
-                    yield _sse(dict(base, choices=[], usage=usage))
+                dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                shown = 0
+                last = len(ids) - 1
+                for i, t in enumerate(ids):
+                    piece = dec.decode(tok.raw_bytes(t) if t != tok.eos_token_id else b"")
+                    piece = piece[: max(0, len(visible) - shown)]
+                    shown += len(piece)
+                    c = {"index": 0, "text": piece,
+                         "logprobs": _slice_completion_logprobs(lp, i), "finish_reason": None,
+                         "stop_reason": None,
+                         "prompt_token_ids": prompt_ids if (want_ids and i == 0) else None,
+                         "token_ids": [t] if want_ids else None}
+                    obj = dict(base, choices=[c])
+                    if i == last:
+                        c["finish_reason"], c["stop_reason"] = finish, stop_reason
+                        if not include_usage:
+                            obj["system_fingerprint"] = fingerprint
+                    yield _sse(obj)
+                if include_usage:
+                    yield _sse(dict(base, choices=[], usage=_stream_usage(len(prompt_ids), len(ids)),
+                                    system_fingerprint=fingerprint))
                 yield "data: [DONE]\n\n"
 
             return Response(frames(), mimetype="text/event-stream")
@@ -549,12 +590,21 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
             "choices": [{
                 "index": 0, "text": visible, "logprobs": lp, "finish_reason": finish, "stop_reason": stop_reason,
                 "token_ids": ids if want_ids else None, "prompt_logprobs": None,
-                "prompt_token_ids": prompt_ids if want_ids else None,
+                "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": None,
             }],
-            "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None,
+            "service_tier": None, "system_fingerprint": fingerprint, "usage": usage, "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None,
         })
 
     return app
+
+
+def _slice_completion_logprobs(lp: dict | None, i: int) -> dict | None:
+    if lp is None:
+        return None
+    off0 = lp["text_offset"][i]
+    return {"text_offset": [0 if i == 0 else off0], "token_logprobs": [lp["token_logprobs"][i]],
+            "tokens": [lp["tokens"][i]], "top_logprobs": [lp["top_logprobs"][i]]}
 
 
 def _messages_from_prompt(prompt_text: str) -> list[dict]:

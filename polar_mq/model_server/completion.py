@@ -247,3 +247,62 @@ def _merge(parts: list[dict]) -> list[dict]:
         else:
             merged.append(p)
     return merged
+
+
+def token_deltas(tok: ChatTokenizer, reply: Reply, ids: list[int], call_ids: list[str],
+                 call_names: list[str], limit: int | None = None) -> list[dict | None]:
+    """vLLM's streaming view: one entry per sampled token, the delta that token produced (None when
+    it produced nothing visible: template frame, ``<tool_call>`` tokens, the end of turn).
+
+    Like vLLM's hermes tool parser, a tool call's header delta (``content: null``, ``id``, ``type``,
+    ``index``, ``function.name`` -- no ``arguments`` key) comes with the token that completes the
+    name string; argument deltas (``content: null``, ``index``, ``function.arguments``) follow with
+    the argument tokens, and the closing ``}`` of the outer object is never streamed."""
+    regions, _headers = regions_for(reply)
+    # offset right after the closing quote of each call's name
+    full = completion_text(reply)
+    name_ends: dict[int, int] = {}
+    for r in regions:
+        if r.kind == "frame" and "<tool_call>" in full[r.start:r.end]:
+            text = full[r.start:r.end]
+            call = sum(1 for x in regions if x.kind == "args" and x.start < r.start)
+            key = '{"name": '
+            j = text.find(key)
+            if j >= 0 and call < len(call_names):
+                name_ends[call] = r.start + j + len(key) + len(json.dumps(call_names[call], ensure_ascii=False))
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pos = 0
+    out: list[dict | None] = []
+    for t in ids:
+        piece = dec.decode(tok.raw_bytes(t))
+        start, end = pos, pos + len(piece)
+        pos = end
+        delta: dict[str, Any] = {}
+        calls: list[dict] = []
+        for call, ne in sorted(name_ends.items()):
+            if start < ne <= end and (limit is None or ne <= limit):
+                calls.append({"id": call_ids[call], "type": "function", "index": call,
+                              "function": {"name": call_names[call]}})
+        for r in regions:
+            lo, hi = max(start, r.start), min(end, r.end)
+            if limit is not None:
+                hi = min(hi, limit)
+            if lo >= hi:
+                continue
+            text = piece[lo - start: hi - start]
+            if r.kind == "reasoning":
+                delta["reasoning"] = delta.get("reasoning", "") + text
+            elif r.kind == "content":
+                delta["content"] = delta.get("content", "") + text
+            elif r.kind == "args":
+                if calls and calls[-1]["index"] == r.call:  # same token as the header, or a
+                    fn = calls[-1]["function"]  # token spanning two argument regions: never lose text
+                    fn["arguments"] = fn.get("arguments", "") + text
+                    continue
+                calls.append({"index": r.call, "function": {"arguments": text}})
+        if calls:
+            delta = {"content": delta.get("content"), **({"reasoning": delta["reasoning"]} if "reasoning" in delta else {}),
+                     "tool_calls": calls}
+        out.append(delta or None)
+    return out
+
