@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import merge, states
-from ..graders import load_grader
+from ..graders.run import run_grading, sft_options
+from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
 from ..model import SessionRecord, Trajectory
 from ..runtimes import get_runtime
@@ -130,11 +131,15 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
 
 def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, budget: float,
                   lease: Lease) -> str | None:
-    if "write" in step:
+    if "write" in step:  # through the runtime: the work dir may be inside a container
         spec = step["write"]
-        target = Path(handle["workdir"]) / spec["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(spec.get("content", ""))
+        staged = log_path.parent / f".{log_path.stem}.write"
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(spec.get("content", ""))
+        try:
+            runtime.upload(handle, staged, spec["path"])
+        finally:
+            staged.unlink(missing_ok=True)
         return None
     if "upload" in step:
         spec = step["upload"]
@@ -197,7 +202,9 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     def on_start(info: dict[str, Any]) -> None:
         store.transition(session_id, None, runtime={**rec.runtime, **info})
 
-    result = runtime.exec(rec.runtime, launch.command, env=launch.env, timeout=remaining,
+    # The runtime bridges the gateway into a sandbox without a network (see runtimes/).
+    exec_handle = {**rec.runtime, "gateway_urls": sorted(set((rec.base_urls or {}).values()))}
+    result = runtime.exec(exec_handle, launch.command, env=launch.env, timeout=remaining,
                           log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
                           should_stop=should_stop, on_start=on_start)
     if lease.lost.is_set():
@@ -246,18 +253,24 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
                           "attempt": rec.attempt, "node": rec.node,
                           "gateway_session_id": rec.gateway_session_id})
     store.transition(session_id, states.EVALUATING, node=ctx.node)
-    try:
-        grade = load_grader(task.grader.strategy, task.grader.config).grade(
-            traj, {"session": rec.to_dict(), "task": task.to_dict()})
-        traj.reward = grade.reward
-        traj.metadata["grade"] = grade.details
-        if grade.status == "error":
-            outcome = states.ERROR
-            traj.error = traj.error or f"grader error: {grade.details}"
-    except Exception as exc:
-        log.exception("grader failed for %s", session_id)
-        traj.reward, outcome = None, states.ERROR
-        traj.error = f"grader {task.grader.strategy!r} failed: {exc}"
+    # The grader runs before teardown (it may use the session's runtime) under its own budget
+    # (grader.config.timeout_seconds); it never raises: errors come back as Grade.status "error".
+    grade = run_grading(task.grader.strategy, task.grader.config, traj,
+                        {"session": rec.to_dict(), "task": task.to_dict(),
+                         "session_dir": str(session_dir(ctx, rec))})
+    traj.reward = grade.reward
+    traj.metadata["grade"] = grade.to_dict()
+    if grade.status == "error":  # infrastructure, not the agent: trainers mask it
+        outcome = states.ERROR
+        traj.error = traj.error or f"grader error: {grade.details.get('error', grade.details)}"
+    sft = sft_options(task.grader.config)
+    if sft is not None:  # offline SFT: keep only passing trajectories (graders/sft.py)
+        try:
+            traj.metadata["sft"] = record_sft(sft_path(ctx.settings.results_dir, rec.task_id, sft), traj, grade,
+                                              threshold=float(sft.get("pass_threshold", 1.0)),
+                                              roles=sft.get("sft_roles"))
+        except Exception:
+            log.exception("offline SFT recording failed for %s", session_id)
     for trace in traj.traces:
         trace.reward = traj.reward
     traj.status = outcome
