@@ -1,0 +1,47 @@
+"""Serve a Flask app: gunicorn with gthread workers in production, werkzeug's threaded server in dev.
+
+The gateway and the rollout API share this; each passes its own app factory and limits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any, Callable
+
+from flask import Flask
+
+
+def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
+               workers: int | None = None, threads: int = 64, timeout: int = 120) -> None:
+    if dev:
+        print(f"polar_mq {name} (dev server) on http://{host}:{port}", flush=True)
+        factory().run(host=host, port=port, threaded=True, use_reloader=False)
+        return
+
+    from gunicorn.app.base import BaseApplication
+
+    class Application(BaseApplication):
+        def __init__(self) -> None:
+            self.options: dict[str, Any] = {
+                "bind": f"{host}:{port}",
+                "workers": workers or max(2, min(4, multiprocessing.cpu_count())),
+                "worker_class": "gthread",
+                "threads": threads,
+                # gthread keeps long requests in threads; this only guards a stuck worker loop.
+                "timeout": timeout,
+                "graceful_timeout": 30,
+                "keepalive": 75,
+                "accesslog": None,
+                "loglevel": "warning",
+            }
+            super().__init__()
+
+        def load_config(self) -> None:
+            for key, value in self.options.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Flask:
+            return factory()
+
+    print(f"polar_mq {name} on http://{host}:{port}", flush=True)
+    Application().run()
