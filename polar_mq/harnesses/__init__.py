@@ -8,6 +8,12 @@ from .base import Harness, HarnessContext, Launch, session_env
 
 _HARNESSES = {
     "shell": "polar_mq.harnesses.shell:ShellHarness",
+    "claude_code": "polar_mq.harnesses.cli:ClaudeCodeHarness",
+    "codex": "polar_mq.harnesses.cli:CodexHarness",
+    "gemini_cli": "polar_mq.harnesses.cli:GeminiCliHarness",
+    "qwen_code": "polar_mq.harnesses.cli:QwenCodeHarness",
+    "opencode": "polar_mq.harnesses.cli:OpencodeHarness",
+    "pi": "polar_mq.harnesses.cli:PiHarness",
 }
 
 

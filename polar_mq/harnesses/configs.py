@@ -315,7 +315,9 @@ def opencode(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
     prompt = home / ".polar-instruction"
     prompt.write_text(instruction)
     files.append(prompt)
-    argv = ["sh", "-c", 'exec "$0" run --model "$1" < "$2"', bin, full, str(prompt)]
+    # Words appended to argv (extra args) are passed on after ``run --model M``.
+    argv = ["sh", "-c", 'm=$1; p=$2; shift 2; exec "$0" run --model "$m" "$@" < "$p"',
+            bin, full, str(prompt)]
     return Launch("opencode", api, argv, env, files)
 
 

@@ -6,6 +6,9 @@ from .base import ExecResult, Runtime
 
 _FACTORIES = {
     "local": "polar_mq.runtimes.local:LocalRuntime",
+    "bwrap": "polar_mq.runtimes.bwrap:BwrapRuntime",
+    "docker": "polar_mq.runtimes.docker:DockerRuntime",
+    "apptainer": "polar_mq.runtimes.apptainer:ApptainerRuntime",
 }
 
 

@@ -45,6 +45,52 @@ def kill_group(pgid: int, grace: float = 2.0) -> None:
             time.sleep(0.05)
 
 
+def base_env(handle: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """The command's environment: PATH and LANG, the spec's env, the launch env, HOME."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+            **handle.get("env", {}), **env, "HOME": env.get("HOME", handle["home"])}
+
+
+def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float | None, log_path: Path,
+              should_stop: Callable[[], bool] | None = None,
+              on_start: Callable[[dict[str, Any]], None] | None = None,
+              heartbeat: Callable[[], None] | None = None) -> ExecResult:
+    """Run argv in its own process group (dying with this process), output appended to log_path;
+    kill the group on timeout or stop, and whatever a finished command left behind."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        if on_start:
+            on_start({"pgid": proc.pid})
+        timed_out = stopped = False
+        last_beat = 0.0
+        while True:
+            try:
+                proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            elapsed = time.monotonic() - t0
+            if timeout is not None and elapsed >= timeout:
+                timed_out = True
+            elif should_stop is not None and should_stop():
+                stopped = True
+            if timed_out or stopped:
+                kill_group(proc.pid)
+                proc.wait()
+                break
+            if heartbeat and elapsed - last_beat >= 1.0:
+                heartbeat()
+                last_beat = elapsed
+        kill_group(proc.pid, grace=0.5)  # leftovers of a finished command
+    return ExecResult(exit_code=proc.returncode, timed_out=timed_out, stopped=stopped,
+                      duration_s=time.monotonic() - t0, output_tail=tail(log_path),
+                      log_path=str(log_path))
+
+
 class LocalRuntime:
     backend = "local"
 
@@ -61,40 +107,9 @@ class LocalRuntime:
              on_start: Callable[[dict[str, Any]], None] | None = None,
              heartbeat: Callable[[], None] | None = None) -> ExecResult:
         argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
-        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-                    **handle.get("env", {}), **env, "HOME": handle["home"]}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, cwd=handle["workdir"], env=full_env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
-            if on_start:
-                on_start({"pgid": proc.pid})
-            timed_out = stopped = False
-            last_beat = 0.0
-            while True:
-                try:
-                    proc.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                elapsed = time.monotonic() - t0
-                if timeout is not None and elapsed >= timeout:
-                    timed_out = True
-                elif should_stop is not None and should_stop():
-                    stopped = True
-                if timed_out or stopped:
-                    kill_group(proc.pid)
-                    proc.wait()
-                    break
-                if heartbeat and elapsed - last_beat >= 1.0:
-                    heartbeat()
-                    last_beat = elapsed
-            kill_group(proc.pid, grace=0.5)  # leftovers of a finished command
-        return ExecResult(exit_code=proc.returncode, timed_out=timed_out, stopped=stopped,
-                          duration_s=time.monotonic() - t0, output_tail=tail(log_path),
-                          log_path=str(log_path))
+        return supervise(argv, cwd=handle["workdir"], env=base_env(handle, env), timeout=timeout,
+                         log_path=log_path, should_stop=should_stop, on_start=on_start,
+                         heartbeat=heartbeat)
 
     def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None:
         target = Path(handle["workdir"]) / dst

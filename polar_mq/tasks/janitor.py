@@ -83,6 +83,9 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
             try:
                 if ctx.store.r.set(ctx.store.keys.janitor_lock(), ctx.node, nx=True, px=int(interval * 1000)):
                     sweep(ctx)
+                    from ..runtimes.docker import maybe_sweep  # orphaned session containers
+
+                    maybe_sweep(ctx.store)
             except Exception:
                 log.exception("janitor sweep failed")
 

@@ -1,0 +1,116 @@
+"""`bwrap` runtime: a bubblewrap sandbox per command (the default where there is no container engine).
+
+The sandbox sees the host's filesystem read-only (so the host's interpreters, node and the
+installed harness CLIs work unchanged), a private /tmp, /dev and /proc, and exactly one writable
+host directory: the session dir (work dir, HOME, logs), bound at its own path so every path a
+harness config names is the same inside and out. It has its own PID namespace (everything in it
+dies when the sandbox's init dies, and bwrap dies with the worker: ``--die-with-parent``), its
+own IPC/UTS/cgroup namespaces, and its own network namespace unless ``allow_internet``.
+
+Network: with a private network namespace the sandbox's loopback is its own, so a gateway on the
+host's ``127.0.0.1:PORT`` would be out of reach. The sandbox command is therefore wrapped in
+:mod:`polar_mq.runtimes.netbridge`, which listens on the same ``127.0.0.1:PORT`` inside and relays
+to a unix socket (bound in from a short host temp dir) that the worker relays to the gateway. The
+harness reaches the gateway and nothing else; no privileges are needed. With ``allow_internet``
+the host network is shared (``--share-net``). A gateway addressed by a non-loopback host is
+reachable only with ``allow_internet``.
+
+``runtime.workdir`` (optional) is where the session's work dir appears inside (a bind of the
+session's ``work`` dir); ``gpus`` binds the host's /dev. ``cpus``/``memory_mb`` are not enforced
+by bubblewrap (it has no cgroup support); they are logged and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..taskspec import RuntimeSpec
+from .base import ExecResult
+from .local import LocalRuntime, base_env, kill_group, supervise
+from .netbridge import UnixRelay, gateway_endpoints, is_loopback
+
+log = logging.getLogger("polar_mq.runtimes.bwrap")
+
+BRIDGE_DIR = "/tmp/.polar-gw"  # inside the sandbox (on its private /tmp)
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+class BwrapRuntime(LocalRuntime):
+    backend = "bwrap"
+
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+        if bwrap_path() is None:
+            raise RuntimeError("the bwrap backend needs bubblewrap (apt-get install bubblewrap)")
+        session_dir = Path(session_dir).resolve()
+        handle = super().start(spec, session_dir, session_id)
+        if spec.cpus or spec.memory_mb:
+            log.warning("bwrap: cpus/memory_mb are not enforced by bubblewrap (session %s)", session_id)
+        handle.update({"backend": self.backend, "cwd": spec.workdir or handle["workdir"],
+                       "allow_internet": bool(spec.allow_internet), "gpus": spec.gpus or 0})
+        return handle
+
+    def argv(self, handle: dict[str, Any], command: list[str], bridges: list[tuple[str, int, str]]
+             ) -> list[str]:
+        """The bwrap command line for `command` (bridges: (host, port, host socket dir))."""
+        sdir = handle["session_dir"]
+        argv = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+        if handle.get("allow_internet"):
+            argv.append("--share-net")
+        argv += ["--ro-bind", "/", "/"]
+        argv += ["--dev-bind", "/dev", "/dev"] if handle.get("gpus") else ["--dev", "/dev"]
+        argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--bind", sdir, sdir]
+        cwd = handle.get("cwd") or handle["workdir"]
+        if cwd != handle["workdir"]:
+            argv += ["--bind", handle["workdir"], cwd]
+        if bridges:
+            argv += ["--bind", bridges[0][2], BRIDGE_DIR]
+        argv += ["--chdir", cwd, "--"]
+        if bridges:
+            argv += [sys.executable, "-m", "polar_mq.runtimes.netbridge"]
+            for host, port, _ in bridges:
+                argv += ["--listen", f"{host}:{port}={BRIDGE_DIR}/{port}.sock"]
+            argv.append("--")
+        return argv + command
+
+    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+             timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
+             on_start: Callable[[dict[str, Any]], None] | None = None,
+             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+        cmd = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        relays: list[UnixRelay] = []
+        bridges: list[tuple[str, int, str]] = []
+        tmp = None
+        try:
+            if not handle.get("allow_internet"):
+                endpoints = gateway_endpoints(handle.get("gateway_urls") or [])
+                for host, port in endpoints:
+                    if not is_loopback(host):
+                        log.warning("bwrap: gateway %s:%s is not on loopback; unreachable without "
+                                    "allow_internet", host, port)
+                        continue
+                    if tmp is None:  # short path: unix socket paths are limited to 108 bytes
+                        tmp = tempfile.mkdtemp(prefix="polar-gw-")
+                    relays.append(UnixRelay(Path(tmp) / f"{port}.sock", host, port))
+                    bridges.append(("127.0.0.1" if host == "localhost" else host, port, tmp))
+            return supervise(self.argv(handle, cmd, bridges), cwd=handle["workdir"],
+                             env=base_env(handle, env), timeout=timeout, log_path=log_path,
+                             should_stop=should_stop, on_start=on_start, heartbeat=heartbeat)
+        finally:
+            for r in relays:
+                r.close()
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def reap(self, handle: dict[str, Any]) -> None:
+        # Killing bwrap's process group ends the sandbox's PID namespace and all in it.
+        pgid = handle.get("pgid")
+        if pgid:
+            kill_group(int(pgid), grace=0.5)
