@@ -34,6 +34,7 @@ class GatewaySettings:
     spool_dir: str | None = None  # where records go when Redis is down (never lost silently)
     check_token_ids: bool = True
     pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
+    stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewaySettings":
@@ -49,6 +50,7 @@ class GatewaySettings:
             ping_interval=_env_float("POLAR_PING_INTERVAL", 5.0),
             spool_dir=env.get("POLAR_SPOOL_DIR") or None,
             max_body_bytes=int(env.get("POLAR_MAX_BODY_BYTES") or 32 * 1024 * 1024),
+            stream_passthrough=env.get("POLAR_STREAM_PASSTHROUGH", "1").lower() not in ("0", "false", "no"),
         )
         for k, v in overrides.items():
             if v is not None:

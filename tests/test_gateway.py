@@ -312,6 +312,7 @@ def test_redis_down_gives_503_and_spools_the_call(log_dir, model_server, tmp_pat
 
 def test_head_root_health_and_websocket_426(gateway, session):
     assert requests.head(f"{gateway.url}/", timeout=5).status_code == 200
+    assert requests.head(session["base_urls"]["anthropic"], timeout=5).status_code == 200
     h = requests.get(f"{gateway.url}/health", timeout=5).json()
     assert h["redis"] is True and h["token_ids"] is True and h["status"] == "ok"
     assert h["upstreams"][0]["token_ids"] is True

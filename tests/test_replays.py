@@ -249,9 +249,6 @@ def json_schema_requests() -> list[tuple[Path, int]]:
     return out
 
 
-@pytest.mark.xfail(reason="gateway passes Gemini CLI's responseJsonSchema (with OpenAPI-style "
-                          "uppercase types: OBJECT/STRING/INTEGER) upstream verbatim, so the "
-                          "upstream cannot honour it; responseSchema is normalised", strict=False)
 @pytest.mark.parametrize("path,index", json_schema_requests(),
                          ids=[f"{p.parent.name}-{p.stem}-{i}" for p, i in json_schema_requests()])
 def test_json_schema_answer_matches_schema(path: Path, index: int, gateway) -> None:

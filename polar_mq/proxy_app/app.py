@@ -1,7 +1,10 @@
 """The gateway: routes each provider API to its adapter, one upstream call and one record per call.
 
 Flow of a generation: resolve the session key → adapter.to_chat → upstream chat (with token ids)
-→ CaptureRecord stored in Redis → adapter.from_chat / stream_events back to the client.
+→ CaptureRecord stored in Redis → adapter.from_chat back to the client. A streamed generation
+streams from the upstream too: each chunk becomes normalised events (upstream.StreamAccumulator),
+which the adapter's translator turns into provider frames at once; the record is stored before
+the final event goes out.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ import importlib
 import json
 import logging
 import os
+import queue
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -23,9 +26,9 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from ..model import CaptureRecord, new_id
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable, connect
-from .adapters.base import PING, ChatRequest, ChatResult, GatewayError
-from .capture import Recorder, fill_error, fill_result, new_record
-from .upstream import UpstreamPool
+from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
+from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -73,6 +76,9 @@ class Gateway:
         self._served_model = settings.served_model
         self._paused = False
         self._pause_checked = 0.0
+        # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
+        # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
+        self.passthrough = settings.stream_passthrough
 
     # --- model names ----------------------------------------------------------------------------
     @property
@@ -102,9 +108,11 @@ class Gateway:
         return {"anthropic": root, "openai": f"{root}/v1", "gemini": root}
 
     # --- generation -----------------------------------------------------------------------------
-    def upstream_body(self, req: ChatRequest) -> dict[str, Any]:
+    def upstream_body(self, req: ChatRequest, stream: bool = False) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.served_model, "messages": req.messages, **req.params,
-                                "stream": False, "logprobs": True, "return_token_ids": True}
+                                "stream": stream, "logprobs": True, "return_token_ids": True}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
         if req.tools:
             body["tools"] = req.tools
         return body
@@ -181,37 +189,124 @@ class Gateway:
             if outcome.error:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
-        future = self.executor.submit(self.call, record, upstream)
-        return self.stream(mod, req, future)
+        channel: queue.Queue = queue.Queue()
+        self.executor.submit(self.stream_call, record, req, channel)
+        return self.stream(mod, req, channel)
 
-    def stream(self, mod: ModuleType, req: ChatRequest, future: Future) -> Response:
-        """A streamed answer. Headers wait up to first_byte_wait so that early errors keep their
-        HTTP status; after that, comment pings flow until the upstream answers."""
-        outcome: Outcome | None
+    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue) -> None:
+        """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
+        events go into `channel` as the upstream produces them: ("events", [...]), then, once the
+        record is stored, ("finish", result) or ("error", GatewayError). The loop never depends on
+        the client: if it goes away the upstream is still read to the end and the call recorded.
+        An upstream that cannot stream token ids gets a non-streaming call, replayed as events."""
+        self.hold_while_paused(record)
+        record.started_at = time.time()
+        t0 = time.monotonic()
+        result: ChatResult | None = None
+        error: GatewayError | None = None
+        acc: StreamAccumulator | None = None
+        handle = None
+        self._inflight(1)
         try:
-            outcome = future.result(timeout=self.settings.first_byte_wait)
-        except FutureTimeout:
-            outcome = None
-        if outcome is not None and outcome.error and not mod.error_in_stream(outcome.error):
-            return error_response(mod, outcome.error)
+            if not self.passthrough:
+                record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
+            elif self.pool.can_stream(record.session_id):
+                try:
+                    handle = self.pool.open_stream(self.upstream_body(req, stream=True), record.session_id)
+                except NoStreamIds as exc:
+                    record.notes.append(f"synthetic stream: upstream {exc} streams without token ids")
+            else:
+                record.notes.append("synthetic stream: the upstream does not stream token ids")
+            if handle is not None:
+                acc = StreamAccumulator()
+                for chunk in handle.chunks():
+                    events = acc.feed(chunk)
+                    if events:
+                        channel.put(("events", events))
+                if not acc.finished:
+                    raise GatewayError("upstream_error", f"upstream {handle.url} ended the stream "
+                                       "before its answer finished")
+                result = acc.result()
+                if result.completion_token_ids is None or result.notes:
+                    self.pool.mark_no_stream_ids(handle.url)
+                fill_result(record, result, handle.url)
+            else:
+                result, url = self.pool.chat(self.upstream_body(req), record.session_id)
+                fill_result(record, result, url)
+                events = list(replay(result))
+                channel.put(("events", events[:-1]))  # the finish waits for the record
+        except GatewayError as exc:
+            error = exc
+        except Exception as exc:  # never lose the record, even on a bug
+            log.exception("streamed upstream call failed")
+            error = GatewayError("internal", f"gateway error: {exc}")
+        finally:
+            if handle is not None:
+                handle.close()
+            self._inflight(-1)
+        if error is not None:
+            if acc is not None and acc.started and handle is not None:
+                fill_partial(record, acc.result(), handle.url)
+            fill_error(record, error)
+        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
+        try:
+            self.recorder.save(record)
+        except GatewayError as exc:
+            error = error or exc
+        channel.put(("error", error) if error is not None else ("finish", result))
+
+    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue) -> Response:
+        """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
+        that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
+        upstream is quiet. Frames are written as the upstream's chunks arrive."""
+        try:
+            first = channel.get(timeout=self.settings.first_byte_wait)
+        except queue.Empty:
+            first = None
+        if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
+            return error_response(mod, first[1])
         content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
         # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
         ping = mod.stream_ping(req) if hasattr(mod, "stream_ping") else PING
         interval = self.settings.ping_interval
+        translator = mod.stream_translator(req)
 
         def frames() -> Iterator[bytes]:
-            done = outcome
-            if done is None:
+            item = first
+            if item is None:
                 yield ping
-            while done is None:
-                try:
-                    done = future.result(timeout=interval)
-                except FutureTimeout:
-                    yield ping
-            if done.error:
-                yield from mod.stream_error(done.error, req)
-            else:
-                yield from mod.stream_events(done.result, req)
+            while True:
+                while item is None:
+                    try:
+                        item = channel.get(timeout=interval)
+                    except queue.Empty:
+                        yield ping
+                # What else had already arrived goes out in the same write (fewer syscalls when the
+                # upstream is faster than this connection), but never more: a reader that keeps
+                # the queue non-empty must not hold the frames back.
+                backlog = min(channel.qsize(), 64)
+                out: list[bytes] = []
+                while item is not None:
+                    kind, payload = item
+                    if kind == "events":
+                        out.extend(translator.feed_all(payload))
+                    elif kind == "finish":
+                        out.extend(translator.feed(StreamEvent(FINISH, result=payload)))
+                        yield b"".join(out)
+                        return
+                    else:
+                        out.extend(translator.error(payload))
+                        yield b"".join(out)
+                        return
+                    item = None
+                    if backlog > 0:
+                        backlog -= 1
+                        try:
+                            item = channel.get_nowait()
+                        except queue.Empty:
+                            pass
+                if out:
+                    yield b"".join(out)
 
         return Response(frames(), status=200, content_type=content_type,
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

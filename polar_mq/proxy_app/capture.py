@@ -39,11 +39,27 @@ def fill_result(record: CaptureRecord, result: ChatResult, upstream_url: str) ->
     record.model_served = result.model or record.model_served
     record.upstream_url = upstream_url
     record.usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+    record.notes.extend(n for n in result.notes if n not in record.notes)
     if result.prompt_token_ids is None or result.completion_token_ids is None:
         record.notes.append("upstream returned no token ids")
     elif result.logprobs is not None and len(result.logprobs) != len(record.completion_token_ids):
         record.notes.append(f"logprobs misaligned: {len(result.logprobs)} logprobs for "
                             f"{len(record.completion_token_ids)} sampled ids")
+
+
+def fill_partial(record: CaptureRecord, result: ChatResult, upstream_url: str) -> None:
+    """What a stream sampled before it broke: the record keeps it (status stays error)."""
+    record.response_message = result.message
+    record.prompt_token_ids = list(result.prompt_token_ids or [])
+    record.completion_token_ids = list(result.completion_token_ids or [])
+    record.completion_logprobs = list(result.logprobs or [])
+    record.finish_reason = None
+    record.model_served = result.model or record.model_served
+    record.upstream_url = upstream_url
+    record.usage = {"prompt_tokens": len(record.prompt_token_ids),
+                    "completion_tokens": len(record.completion_token_ids)}
+    record.notes.append(f"stream broke after {len(record.completion_token_ids)} sampled tokens; "
+                        "the record keeps what was sampled")
 
 
 def fill_error(record: CaptureRecord, err: GatewayError) -> None:

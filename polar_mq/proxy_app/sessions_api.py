@@ -35,8 +35,11 @@ def register(app: Flask, gw: "Gateway") -> None:
         return auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip(), token)
 
     @app.route("/", methods=["GET", "HEAD"])
-    def root() -> Response:
-        # Claude Code sends HEAD / before its first call; any 200 will do.
+    @app.route("/s/<key>", methods=["GET", "HEAD"])
+    @app.route("/s/<key>/", methods=["GET", "HEAD"])
+    def root(key: str | None = None) -> Response:
+        # Claude Code sends HEAD to its base URL (/ or /s/<key>) before its first call; it ignores
+        # the answer, but a 200 keeps logs clean. No session data is revealed here.
         return jsonify({"service": "polar_mq gateway", "health": "/health"})
 
     @app.get("/health")

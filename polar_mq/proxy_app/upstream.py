@@ -8,16 +8,19 @@ the session id) so its prefix stays in that server's KV cache; an unhealthy upst
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import requests
 
-from .adapters.base import ChatResult, GatewayError
+from .adapters.base import (START, TEXT, REASONING, TOOL_ARGS, TOOL_START, ChatResult, GatewayError,
+                            StreamEvent)
 
 log = logging.getLogger("polar_mq.upstream")
 
@@ -39,17 +42,37 @@ class Upstream:
     root: str
     healthy: bool = True
     token_ids: bool | None = None  # does it really return prompt/completion token ids?
+    stream_token_ids: bool | None = None  # ... and when streaming (prompt ids first, ids per chunk)?
     last_error: str | None = None
     last_check: float = 0.0
     models: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.root, "healthy": self.healthy, "token_ids": self.token_ids,
-                "models": self.models, "last_error": self.last_error}
+                "stream_token_ids": self.stream_token_ids, "models": self.models,
+                "last_error": self.last_error}
 
 
 def _weight(root: str, key: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{root}|{key}".encode(), digest_size=8).digest(), "big")
+
+
+def normalise_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as recorded: `reasoning` (vLLM's older `reasoning_content` renamed),
+    keys the upstream sent as null (refusal, audio, ...) and an empty tool_calls list dropped,
+    `content` always present. A streamed answer accumulates to exactly this shape."""
+    out = dict(message)
+    if "reasoning_content" in out and not out.get("reasoning"):
+        out["reasoning"] = out.pop("reasoning_content")
+    out.pop("reasoning_content", None)
+    out = {k: v for k, v in out.items() if v is not None or k == "content"}
+    out.setdefault("role", "assistant")
+    out.setdefault("content", None)
+    if not out.get("tool_calls"):
+        out.pop("tool_calls", None)
+    if not out.get("reasoning"):
+        out.pop("reasoning", None)
+    return out
 
 
 def parse_chat_response(data: dict[str, Any]) -> ChatResult:
@@ -59,9 +82,7 @@ def parse_chat_response(data: dict[str, Any]) -> ChatResult:
         message = dict(choice.get("message") or {})
     except (KeyError, IndexError, TypeError) as exc:
         raise GatewayError("upstream_error", f"upstream answer has no choices: {exc}") from exc
-    if "reasoning_content" in message and not message.get("reasoning"):
-        message["reasoning"] = message.pop("reasoning_content")
-    message.pop("reasoning_content", None)
+    message = normalise_message(message)
     logprobs = None
     content = (choice.get("logprobs") or {}).get("content")
     if content is not None:
@@ -82,6 +103,229 @@ def parse_chat_response(data: dict[str, Any]) -> ChatResult:
         created=int(data.get("created") or time.time()),
         raw=data,
     )
+
+
+class StreamAccumulator:
+    """Builds the ChatResult of a streamed vLLM chat completion chunk by chunk, and says what each
+    chunk added as normalised stream events. The one place that knows vLLM's chunk format: the
+    first chunk carries `prompt_token_ids`, every token's chunk its `token_ids` and `logprobs`,
+    tool calls come as a header delta (index, id, name) then argument pieces, the last token's
+    chunk the finish_reason (and stop_reason), a final `choices: []` chunk the usage."""
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.model = ""
+        self.created = 0
+        self.started = False
+        self.prompt_ids: list[int] | None = None
+        self.ids: list[int] = []
+        self.ids_seen = False
+        self.logprobs: list[float] = []
+        self.logprob_entries: list[dict[str, Any]] = []
+        self.logprobs_seen = False
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}  # upstream index -> {"pos", "id", "name", "args"}
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+        self.usage: dict[str, Any] = {}
+        self.chunks = 0
+
+    def feed(self, chunk: dict[str, Any]) -> list[StreamEvent]:
+        error = chunk_error(chunk)
+        if error is not None:
+            raise GatewayError("upstream_error", f"upstream failed mid-stream: {error}")
+        self.chunks += 1
+        events: list[StreamEvent] = []
+        if chunk.get("prompt_token_ids") is not None and self.prompt_ids is None:
+            self.prompt_ids = list(chunk["prompt_token_ids"])
+        if not self.started:
+            self.started = True
+            self.id = chunk.get("id") or f"chatcmpl-{uuid.uuid4().hex}"
+            self.model = chunk.get("model") or ""
+            self.created = int(chunk.get("created") or time.time())
+            events.append(StreamEvent(START, id=self.id, model=self.model, created=self.created,
+                                      prompt_tokens=len(self.prompt_ids or [])))
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            events.extend(self._delta(choice.get("delta") or {}))
+            if choice.get("token_ids") is not None:
+                self.ids_seen = True
+                self.ids.extend(choice["token_ids"])
+            content = (choice.get("logprobs") or {}).get("content")
+            if content is not None:
+                self.logprobs_seen = True
+                self.logprob_entries.extend(content)
+                self.logprobs.extend(float(e.get("logprob", 0.0)) for e in content)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+        return events
+
+    def _delta(self, delta: dict[str, Any]) -> Iterator[StreamEvent]:
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+        if reasoning:
+            self.reasoning.append(reasoning)
+            yield StreamEvent(REASONING, text=reasoning)
+        if delta.get("content"):
+            self.text.append(delta["content"])
+            yield StreamEvent(TEXT, text=delta["content"])
+        for tc in delta.get("tool_calls") or []:
+            if not isinstance(tc, dict):
+                continue
+            index = tc.get("index")
+            index = index if isinstance(index, int) else len(self.calls)
+            fn = tc.get("function") or {}
+            call = self.calls.get(index)
+            if call is None:  # ids clients see and ids recorded must be the same: never leave one out
+                call = self.calls[index] = {"pos": len(self.calls), "id": tc.get("id") or
+                                            f"chatcmpl-tool-{uuid.uuid4().hex}",
+                                            "name": fn.get("name") or "", "args": []}
+                yield StreamEvent(TOOL_START, index=call["pos"], id=call["id"], name=call["name"])
+            if fn.get("arguments"):
+                call["args"].append(fn["arguments"])
+                yield StreamEvent(TOOL_ARGS, index=call["pos"], text=fn["arguments"])
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def message(self) -> dict[str, Any]:
+        text, reasoning = "".join(self.text), "".join(self.reasoning)
+        calls = [{"id": c["id"], "type": "function",
+                  "function": {"name": c["name"], "arguments": "".join(c["args"])}}
+                 for c in sorted(self.calls.values(), key=lambda c: c["pos"])]
+        msg: dict[str, Any] = {"role": "assistant",
+                               "content": text if text or not (calls or reasoning) else None}
+        if reasoning:
+            msg["reasoning"] = reasoning
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
+
+    def result(self) -> ChatResult:
+        """What arrived, as a ChatResult (also for a stream that broke: finish_reason then is "")."""
+        message = self.message()
+        completion_ids = list(self.ids) if self.ids_seen else None
+        choice = {"index": 0, "message": message, "finish_reason": self.finish_reason,
+                  "stop_reason": self.stop_reason, "token_ids": completion_ids,
+                  "logprobs": {"content": self.logprob_entries} if self.logprobs_seen else None}
+        raw = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+               "choices": [choice], "usage": self.usage, "prompt_token_ids": self.prompt_ids}
+        notes = []
+        expected = self.usage.get("completion_tokens")
+        if self.ids_seen and isinstance(expected, int) and expected != len(self.ids):
+            notes.append(f"streamed token ids incomplete: {len(self.ids)} ids for {expected} "
+                         f"completion tokens")
+        return ChatResult(
+            id=self.id, model=self.model, message=message, finish_reason=self.finish_reason or "",
+            prompt_token_ids=self.prompt_ids, completion_token_ids=completion_ids,
+            logprobs=list(self.logprobs) if self.logprobs_seen else None,
+            prompt_tokens=int(self.usage.get("prompt_tokens") or len(self.prompt_ids or [])),
+            completion_tokens=int(expected or len(self.ids)), created=self.created, raw=raw, notes=notes)
+
+
+def chunk_error(chunk: Any) -> str | None:
+    """The message of an error sent inside a stream (vLLM: {"error": {...}}; older: a flat
+    {"object": "error", "message"}); None for a normal chunk."""
+    if not isinstance(chunk, dict):
+        return f"malformed chunk {chunk!r:.200}"
+    err = chunk.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    if isinstance(err, str):
+        return err
+    if chunk.get("object") == "error":
+        return str(chunk.get("message") or chunk)
+    return None
+
+
+class NoStreamIds(Exception):
+    """The upstream streamed without prompt token ids: it cannot give a trainable streamed record."""
+
+
+class UpstreamStream:
+    """An open streaming chat completion: its SSE `data:` payloads, parsed, as they arrive."""
+
+    def __init__(self, resp: requests.Response, url: str):
+        self.resp = resp
+        self.url = url
+        self.done = False
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._pending: dict[str, Any] | None = None
+
+    def _payloads(self) -> Iterator[bytes]:
+        raw = self.resp.raw
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                line = line.rstrip(b"\r")
+                if not line:
+                    if self._data:
+                        data, self._data = b"\n".join(self._data), []
+                        yield data
+                elif line.startswith(b"data:"):
+                    value = line[5:]
+                    self._data.append(value[1:] if value.startswith(b" ") else value)
+                # comments, event: and id: lines carry nothing for chat completions
+            piece = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1)
+            if not piece:
+                if self._data:
+                    data, self._data = b"\n".join(self._data), []
+                    yield data
+                return
+            self._buf += piece
+
+    def _next(self, it: Iterator[bytes]) -> dict[str, Any] | None:
+        """The next chunk; None at [DONE] or the end. Transport failures become GatewayErrors."""
+        try:
+            for data in it:
+                if data.strip() == b"[DONE]":
+                    self.done = True
+                    return None
+                try:
+                    chunk = json.loads(data)
+                except ValueError as exc:
+                    raise GatewayError("upstream_error", f"upstream {self.url} sent an invalid stream "
+                                       f"chunk: {exc}") from exc
+                return chunk
+            return None
+        except requests.exceptions.RequestException as exc:
+            raise _stream_failure(self.url, exc) from exc
+        except Exception as exc:  # urllib3 / http.client errors while reading the body
+            if isinstance(exc, GatewayError):
+                raise
+            raise _stream_failure(self.url, exc) from exc
+
+    def start(self) -> dict[str, Any] | None:
+        self._it = self._payloads()
+        self._pending = self._next(self._it)
+        return self._pending
+
+    def chunks(self) -> Iterator[dict[str, Any]]:
+        """Every chunk, the first included; ends at [DONE] or end of body."""
+        chunk = self._pending
+        self._pending = None
+        while chunk is not None:
+            yield chunk
+            chunk = self._next(self._it)
+
+    def close(self) -> None:
+        try:
+            self.resp.close()
+        except Exception:  # closing a broken connection must not raise
+            pass
+
+
+def _stream_failure(url: str, exc: BaseException) -> GatewayError:
+    text = f"{type(exc).__name__}: {exc}"
+    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return GatewayError("upstream_timeout", f"upstream {url} stalled mid-stream: {text}")
+    return GatewayError("upstream_error", f"upstream {url} stream broke: {text}")
 
 
 def error_message(resp: requests.Response) -> str:
@@ -183,6 +427,81 @@ class UpstreamPool:
         assert last is not None
         raise answered or last
 
+    def can_stream(self, affinity_key: str) -> bool:
+        """Whether the upstream this session prefers is known (or not known not) to stream ids."""
+        up = self.ranked(affinity_key)[0]
+        return up.token_ids is not False and up.stream_token_ids is not False
+
+    def mark_no_stream_ids(self, url: str) -> None:
+        for up in self.upstreams:
+            if up.root == url and up.stream_token_ids is not False:
+                up.stream_token_ids = False
+                log.warning("upstream %s streamed without complete token ids: later streams are "
+                            "synthesised from non-streaming calls", url)
+
+    def open_stream(self, body: dict[str, Any], affinity_key: str) -> UpstreamStream:
+        """A streaming chat completion, open and past its first chunk. Bounded retries (connection
+        errors, 5xx, a stream that ends or breaks before its first chunk) happen here only: once a
+        chunk arrived, the caller owns the stream. Raises NoStreamIds when the first chunk lacks
+        the prompt token ids that were asked for (the upstream is then marked as not streaming ids)."""
+        last: GatewayError | None = None
+        answered: GatewayError | None = None
+        order = self.ranked(affinity_key)
+        for attempt in range(self.retries + 1):
+            up = order[attempt % len(order)]
+            if attempt:
+                time.sleep(min(self.backoff * 2 ** (attempt - 1), 4.0))
+            try:
+                resp = self.http.post(f"{up.root}/v1/chat/completions", json=body, stream=True,
+                                      timeout=(self.connect_timeout, self.timeout))
+            except requests.exceptions.ReadTimeout:
+                raise GatewayError("upstream_timeout",
+                                   f"upstream {up.root} did not answer within {self.timeout:g} s")
+            except requests.exceptions.RequestException as exc:
+                up.healthy, up.last_error = False, str(exc)
+                last = GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}")
+                continue
+            if resp.status_code >= 400:
+                try:
+                    message = error_message(resp)
+                finally:
+                    resp.close()
+                if resp.status_code >= 500:
+                    last = answered = GatewayError("upstream_error",
+                                                   f"upstream {up.root} answered {resp.status_code}: {message}")
+                    continue
+                raise map_client_error(resp.status_code, message)
+            stream = UpstreamStream(resp, up.root)
+            try:
+                first = stream.start()
+            except GatewayError as exc:
+                stream.close()
+                if exc.kind == "upstream_timeout":
+                    raise
+                last = answered = exc
+                continue
+            if first is None:
+                stream.close()
+                last = answered = GatewayError("upstream_error", f"upstream {up.root} ended the stream "
+                                               "before its first chunk")
+                continue
+            error = chunk_error(first)
+            if error is not None:
+                stream.close()
+                code = (first.get("error") or {}).get("code") if isinstance(first.get("error"), dict) else None
+                if isinstance(code, int) and 400 <= code < 500:
+                    raise map_client_error(code, error)
+                last = answered = GatewayError("upstream_error", f"upstream {up.root} failed: {error}")
+                continue
+            up.healthy = True
+            if body.get("return_token_ids") and first.get("prompt_token_ids") is None:
+                stream.close()
+                up.stream_token_ids = False
+                raise NoStreamIds(up.root)
+            return stream
+        assert last is not None
+        raise answered or last
+
     def tokenize(self, messages: list[dict], tools: list[dict] | None, model: str,
                  affinity_key: str) -> int | None:
         """Prompt token count via vLLM's /tokenize; None when no upstream can tell."""
@@ -222,12 +541,45 @@ class UpstreamPool:
                 up.token_ids = bool(result and result.prompt_token_ids and result.completion_token_ids)
             except (requests.exceptions.RequestException, ValueError, GatewayError) as exc:
                 up.last_error = f"token-id probe failed: {exc}"
+            if up.token_ids:
+                up.stream_token_ids = self._probe_stream(up, probe)
+            elif up.token_ids is False:
+                up.stream_token_ids = False
             if up.token_ids is False:
                 log.error("!" * 78 + "\nUPSTREAM %s DOES NOT RETURN TOKEN IDS (return_token_ids ignored).\n"
                           "Captured calls will have no prompt/completion ids and cannot be trained on.\n"
                           "Use vLLM >= 0.10.2 (or a server that honours return_token_ids).\n" + "!" * 78,
                           up.root)
         return up
+
+    def _probe_stream(self, up: Upstream, probe: dict[str, Any]) -> bool | None:
+        """Does a streamed answer carry the ids (prompt ids first, token ids per chunk, as many as
+        the usage says)? None when the probe itself failed (streaming is then still tried)."""
+        body = {**probe, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+        stream = None
+        try:
+            resp = self.http.post(f"{up.root}/v1/chat/completions", json=body, stream=True,
+                                  timeout=(self.connect_timeout, 60))
+            if not resp.ok:
+                resp.close()
+                return None
+            stream = UpstreamStream(resp, up.root)
+            stream.start()
+            acc = StreamAccumulator()
+            for chunk in stream.chunks():
+                acc.feed(chunk)
+            result = acc.result()
+        except (requests.exceptions.RequestException, ValueError, GatewayError) as exc:
+            up.last_error = f"streaming token-id probe failed: {exc}"
+            return None
+        finally:
+            if stream is not None:
+                stream.close()
+        ok = bool(result.prompt_token_ids and result.completion_token_ids and not result.notes)
+        if not ok:
+            log.warning("upstream %s does not stream token ids: streamed answers will be synthesised "
+                        "from non-streaming calls", up.root)
+        return ok
 
     def check_all(self, model: str | None = None) -> list[Upstream]:
         return [self.check(up, model) for up in self.upstreams]

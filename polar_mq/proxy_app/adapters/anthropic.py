@@ -25,11 +25,13 @@ from .base import (
     ChatRequest,
     ChatResult,
     GatewayError,
-    chunk_text,
+    StreamEvent,
+    StreamTranslator,
     dump_arguments,
     invalid,
     optional,
     parse_arguments,
+    replay,
     require,
     sse,
 )
@@ -565,39 +567,115 @@ def _matched_stop(result: ChatResult) -> str | None:
     return None
 
 
+class MessagesTranslator(StreamTranslator):
+    """Normalised events -> the Messages stream: message_start, then content blocks in the order
+    the model produces them (thinking, text, tool_use), each started before its deltas and stopped
+    before the next begins, then message_delta and message_stop.
+
+    Tool arguments are passed through piece by piece when they open like a JSON object (`{"` or
+    `{}`); anything else is held to the end of the call and sent as one valid JSON object
+    (`{"_raw": ...}`), because the SDKs parse partial_json as it arrives."""
+
+    def __init__(self, req: ChatRequest):
+        super().__init__(req)
+        self.index = -1
+        self.kind: str | None = None  # type of the open block
+        self.reasoning: list[str] = []
+        self.args: list[str] = []  # the open tool_use block's arguments so far
+        self.args_mode: str | None = None  # None: undecided, "pass": streaming, "hold": buffering
+
+    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+        tail = re.sub(r"[^A-Za-z0-9]", "", event.id or "") or uuid.uuid4().hex
+        start = {"id": f"msg_{tail}", "type": "message", "role": "assistant", "model": self.req.model,
+                 "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": event.prompt_tokens, "output_tokens": 0,
+                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+        yield sse({"type": "message_start", "message": start}, event="message_start")
+
+    def _open(self, kind: str, block: dict[str, Any]) -> Iterator[bytes]:
+        yield from self._close()
+        self.index += 1
+        self.kind = kind
+        yield sse({"type": "content_block_start", "index": self.index, "content_block": block},
+                  event="content_block_start")
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse({"type": "content_block_delta", "index": self.index, "delta": delta},
+                   event="content_block_delta")
+
+    def _close(self) -> Iterator[bytes]:
+        if self.kind is None:
+            return
+        if self.kind == "thinking":
+            yield self._delta({"type": "signature_delta", "signature": sign_reasoning("".join(self.reasoning))})
+            self.reasoning = []
+        elif self.kind == "tool_use":
+            text = "".join(self.args)
+            if self.args_mode != "pass":  # held, undecided or empty: one whole, valid object
+                yield self._delta({"type": "input_json_delta", "partial_json": _tool_json(text)})
+            self.args, self.args_mode = [], None
+        yield sse({"type": "content_block_stop", "index": self.index}, event="content_block_stop")
+        self.kind = None
+
+    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+        if not event.text:
+            return
+        if self.kind != "thinking":
+            yield from self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        self.reasoning.append(event.text)
+        yield self._delta({"type": "thinking_delta", "thinking": event.text})
+
+    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
+        if not event.text:
+            return
+        if self.kind != "text":
+            yield from self._open("text", {"type": "text", "text": ""})
+        yield self._delta({"type": "text_delta", "text": event.text})
+
+    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
+        call_id = event.id or f"toolu_{uuid.uuid4().hex[:24]}"
+        yield from self._open("tool_use", {"type": "tool_use", "id": call_id, "name": event.name or "",
+                                           "input": {}})
+
+    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
+        if self.kind != "tool_use" or not event.text:
+            return
+        if self.args_mode == "pass":
+            yield self._delta({"type": "input_json_delta", "partial_json": event.text})
+            return
+        self.args.append(event.text)
+        if self.args_mode is None:
+            head = "".join(self.args).lstrip()
+            rest = head[1:].lstrip()
+            if head and head[0] != "{":
+                self.args_mode = "hold"
+            elif rest:
+                self.args_mode = "pass" if rest[0] in '"}' else "hold"
+            if self.args_mode == "pass":
+                yield self._delta({"type": "input_json_delta", "partial_json": "".join(self.args)})
+
+    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
+        result = event.result
+        assert result is not None
+        if self.index < 0:  # an empty answer still has one (empty) text block
+            yield from self._open("text", {"type": "text", "text": ""})
+        yield from self._close()
+        stop_reason, stop_sequence = _stop(result, self.req)
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+        yield sse({"type": "message_delta", "delta": delta, "usage": _usage(result)}, event="message_delta")
+        yield sse({"type": "message_stop"}, event="message_stop")
+
+    def error(self, err: GatewayError) -> Iterator[bytes]:
+        return stream_error(err, self.req)
+
+
+def stream_translator(req: ChatRequest) -> MessagesTranslator:
+    return MessagesTranslator(req)
+
+
 def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """The whole answer as the Messages stream: message_start, blocks, message_delta, message_stop."""
-    message = from_chat(result, req)
-    usage = message["usage"]
-    start = dict(message, content=[], stop_reason=None, stop_sequence=None,
-                 usage=dict(usage, output_tokens=0))
-    yield sse({"type": "message_start", "message": start}, event="message_start")
-    calls = iter(result.tool_calls)
-    for index, block in enumerate(message["content"]):
-        raw_args = next(calls).get("function", {}).get("arguments") if block["type"] == "tool_use" else None
-        yield from _block_events(index, block, raw_args)
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    yield sse({"type": "message_delta", "delta": delta, "usage": usage}, event="message_delta")
-    yield sse({"type": "message_stop"}, event="message_stop")
-
-
-def _block_events(index: int, block: dict[str, Any], raw_args: Any) -> Iterator[bytes]:
-    kind = block["type"]
-    if kind == "thinking":
-        start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": p} for p in chunk_text(block["thinking"])]
-        deltas.append({"type": "signature_delta", "signature": block["signature"]})
-    elif kind == "text":
-        start = {"type": "text", "text": ""}
-        deltas = [{"type": "text_delta", "text": p} for p in chunk_text(block["text"])]
-    else:
-        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-        deltas = [{"type": "input_json_delta", "partial_json": p} for p in chunk_text(_tool_json(raw_args))]
-    yield sse({"type": "content_block_start", "index": index, "content_block": start},
-              event="content_block_start")
-    for delta in deltas:
-        yield sse({"type": "content_block_delta", "index": index, "delta": delta}, event="content_block_delta")
-    yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
+    """The whole answer as the Messages stream (synthetic streams): the same translator, replayed."""
+    return MessagesTranslator(req).feed_all(replay(result))
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,13 +5,19 @@ An adapter module (one per provider API) is pure logic — no Flask, no Redis, n
     PROVIDER: str                                   # "anthropic" | "openai_chat" | ...
     to_chat(body: dict) -> ChatRequest              # provider request -> normalised OpenAI chat
     from_chat(result: ChatResult, req: ChatRequest) -> dict       # -> provider response body
-    stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]   # SSE frames
+    stream_translator(req: ChatRequest) -> StreamTranslator   # normalised events -> frames
+    stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]   # a whole result
     error_response(err: GatewayError) -> tuple[int, dict]         # provider-shaped error
     stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]     # in-stream error
     error_in_stream(err: GatewayError) -> bool      # True: send as stream events, not HTTP status
     count_tokens_response(n: int) -> dict           # body for the count-tokens route
 
 `to_chat` raises `GatewayError("invalid_request", ...)` naming the offending field.
+
+Streaming has one path per provider: the gateway turns the upstream's chunks into normalised
+`StreamEvent`s (start, reasoning/text deltas, tool-call start, tool-argument deltas, finish) as they
+arrive, and the adapter's translator turns each event into provider frames at once. A synthetic
+stream (an upstream that cannot stream token ids) is the same translator fed by `replay(result)`.
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ class ChatResult:
     completion_tokens: int = 0
     created: int = 0
     raw: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # copied into the capture record
 
     @property
     def text(self) -> str:
@@ -105,6 +112,103 @@ class ChatResult:
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         return self.message.get("tool_calls") or []
+
+
+# --------------------------------------------------------------------------------------------
+# Normalised stream events
+# --------------------------------------------------------------------------------------------
+
+START, REASONING, TEXT, TOOL_START, TOOL_ARGS, FINISH = (
+    "start", "reasoning", "text", "tool_start", "tool_args", "finish")
+
+
+@dataclass
+class StreamEvent:
+    """One step of an answer as it is produced.
+
+    start:      id, model, created, prompt_tokens (sent once, before anything else)
+    reasoning:  text (a piece of the reasoning)
+    text:       text (a piece of the answer)
+    tool_start: index, id, name (a tool call begins; its arguments follow)
+    tool_args:  index, text (a piece of the arguments JSON, as the upstream produced it)
+    finish:     result (the whole ChatResult, already recorded)
+    """
+
+    kind: str
+    text: str = ""
+    index: int = 0
+    id: str | None = None
+    name: str | None = None
+    model: str = ""
+    created: int = 0
+    prompt_tokens: int = 0
+    result: "ChatResult | None" = None
+
+
+def replay(result: ChatResult, text_size: int = 16, args_size: int = 64) -> Iterator[StreamEvent]:
+    """A whole result as the events a real stream would have produced (synthetic streams).
+    Pieces are cut without altering anything: joined they give back the exact text."""
+    yield StreamEvent(START, id=result.id, model=result.model, created=result.created,
+                      prompt_tokens=result.prompt_tokens or len(result.prompt_token_ids or []))
+    for piece in chunk_text(result.reasoning, text_size):
+        yield StreamEvent(REASONING, text=piece)
+    for piece in chunk_text(result.text, text_size):
+        yield StreamEvent(TEXT, text=piece)
+    for index, call in enumerate(result.tool_calls):
+        fn = call.get("function") or {}
+        yield StreamEvent(TOOL_START, index=index, id=call.get("id"), name=fn.get("name") or "")
+        args = fn.get("arguments")
+        for piece in chunk_text("" if args is None or args == "" else dump_arguments(args), args_size):
+            yield StreamEvent(TOOL_ARGS, index=index, text=piece)
+    yield StreamEvent(FINISH, result=result)
+
+
+class StreamTranslator:
+    """Turns normalised events into one provider's frames, incrementally. Subclasses implement
+    `on_start`, `on_reasoning`, `on_text`, `on_tool_start`, `on_tool_args`, `on_finish` and
+    `error`; each returns the frames to send now (possibly none)."""
+
+    def __init__(self, req: ChatRequest):
+        self.req = req
+        self.started = False
+
+    def feed(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.kind == START:
+            if self.started:
+                return
+            self.started = True
+            yield from self.on_start(event)
+            return
+        if not self.started:  # every stream begins with a start, even a replayed one
+            yield from self.feed(StreamEvent(START))
+        handler = {REASONING: self.on_reasoning, TEXT: self.on_text, TOOL_START: self.on_tool_start,
+                   TOOL_ARGS: self.on_tool_args, FINISH: self.on_finish}[event.kind]
+        yield from handler(event)
+
+    def feed_all(self, events: Any) -> Iterator[bytes]:
+        for event in events:
+            yield from self.feed(event)
+
+    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
+        return iter(())
+
+    def error(self, err: "GatewayError") -> Iterator[bytes]:
+        return iter(())
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

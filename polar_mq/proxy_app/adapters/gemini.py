@@ -39,10 +39,12 @@ from .base import (
     ChatRequest,
     ChatResult,
     GatewayError,
-    chunk_text,
+    StreamEvent,
+    StreamTranslator,
     dump_arguments,
     invalid,
     parse_arguments,
+    replay,
     sse,
 )
 
@@ -196,6 +198,32 @@ def openapi_to_json_schema(schema: Any) -> Any:
     return out
 
 
+_OPENAPI_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+
+
+def lower_openapi_types(schema: Any) -> Any:
+    """A JSON-schema spelling that still carries OpenAPI upper-case type names (Gemini CLI sends
+    `responseJsonSchema: {"type": "OBJECT", ...}`) with those names lower-cased; everything else,
+    property names included, untouched."""
+    if isinstance(schema, list):
+        return [lower_openapi_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type" and isinstance(value, str) and value in _OPENAPI_TYPES:
+            out[key] = value.lower()
+        elif key == "type" and isinstance(value, list):
+            out[key] = [v.lower() if isinstance(v, str) and v in _OPENAPI_TYPES else v for v in value]
+        elif key in _SCHEMA_CHILDREN and isinstance(value, dict):
+            out[key] = {k: lower_openapi_types(v) for k, v in value.items()}
+        elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
+            out[key] = lower_openapi_types(value)
+        else:
+            out[key] = value
+    return out
+
+
 def _declaration_schema(decl: dict[str, Any], where: str) -> dict[str, Any]:
     """A functionDeclaration's parameters as JSON Schema: the JSON-schema spellings as is, the
     OpenAPI-subset `parameters` converted, nothing → an empty object schema."""
@@ -203,7 +231,7 @@ def _declaration_schema(decl: dict[str, Any], where: str) -> dict[str, Any]:
     if raw is not None:
         if not isinstance(raw, dict):
             raise invalid(f"field '{where}parametersJsonSchema' must be an object")
-        return raw
+        return lower_openapi_types(raw)
     params = _get(decl, "parameters")
     if params is None:
         return {"type": "object", "properties": {}}
@@ -604,7 +632,7 @@ def _response_format(config: dict[str, Any], where: str, notes: list[str]) -> di
         return None
     if mime == "text/plain":
         return None
-    resolved = json_schema if json_schema is not None else (
+    resolved = lower_openapi_types(json_schema) if json_schema is not None else (
         openapi_to_json_schema(schema) if schema is not None else None)
     if resolved is None:
         return {"type": "json_object"}
@@ -678,27 +706,6 @@ def from_chat(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
     return _frame(parts, result, req, last=True)
 
 
-def _stream_frames(result: ChatResult, req: ChatRequest) -> list[dict[str, Any]]:
-    """Each frame a whole GenerateContentResponse: thought and text split into pieces (never
-    altered), functionCall parts whole; the last frame carries finishReason and usage."""
-    thoughts, texts, calls = _response_parts(result, req)
-    groups: list[list[dict[str, Any]]] = []
-    for part in thoughts + texts:
-        pieces = list(chunk_text(part["text"], _STREAM_CHUNK)) or [""]
-        for i, piece in enumerate(pieces):
-            frame_part = {"text": piece}
-            if part.get("thought"):
-                frame_part["thought"] = True
-            if i == 0 and "thoughtSignature" in part:
-                frame_part["thoughtSignature"] = part["thoughtSignature"]
-            groups.append([frame_part])
-    if calls:
-        groups.append(calls)
-    if not groups:
-        groups.append([{"text": ""}])
-    return [_frame(g, result, req, last=i == len(groups) - 1) for i, g in enumerate(groups)]
-
-
 def _use_sse(req: ChatRequest) -> bool:
     return str(req.extra.get("alt", "sse")).lower() == "sse"
 
@@ -716,16 +723,116 @@ def stream_ping(req: ChatRequest) -> bytes:
     return b"\n"
 
 
+class GeminiTranslator(StreamTranslator):
+    """Normalised events -> GenerateContentResponse frames, SSE (`alt=sse`) or Google's streamed
+    JSON array. Thought and text pieces go out as they come (never altered); functionCall parts are
+    always whole, so they go out when the answer ends, in the last frame with finishReason and
+    usageMetadata. One text/thought frame is held back so that the last one can carry the finish
+    (and the thoughtSignature when no functionCall does)."""
+
+    def __init__(self, req: ChatRequest):
+        super().__init__(req)
+        self.sse = _use_sse(req)
+        self.response_id = ""
+        self.held: dict[str, Any] | None = None  # the part of the frame held back
+        self.sent = 0  # frames written (JSON-array mode needs to know the first)
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}  # index -> {"id", "name", "args": [pieces]}
+        self.show_thoughts = req.extra.get("include_thoughts") is not False
+
+    def _write(self, body: dict[str, Any]) -> bytes:
+        self.sent += 1
+        if self.sse:
+            return sse(body)
+        return (b"[" if self.sent == 1 else b",\r\n") + json.dumps(body, ensure_ascii=False).encode()
+
+    def _frame(self, parts: list[dict[str, Any]], result: ChatResult | None = None) -> bytes:
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        body: dict[str, Any] = {"candidates": [candidate]}
+        if result is not None:
+            candidate["finishReason"] = _finish(result)
+            body["usageMetadata"] = _usage(result)
+        body["modelVersion"] = self.req.model
+        body["responseId"] = self.response_id
+        return self._write(body)
+
+    def _hold(self, part: dict[str, Any]) -> Iterator[bytes]:
+        if self.held is not None:
+            yield self._frame([self.held])
+        self.held = part
+
+    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+        self.response_id = event.id or ""
+        return iter(())
+
+    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+        if not event.text:
+            return
+        self.reasoning.append(event.text)
+        if self.show_thoughts:
+            yield from self._hold({"text": event.text, "thought": True})
+
+    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.text:
+            yield from self._hold({"text": event.text})
+
+    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
+        self.calls[event.index] = {"id": event.id or "", "name": event.name or "", "args": []}
+        return iter(())
+
+    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
+        call = self.calls.get(event.index)
+        if call is not None and event.text:
+            call["args"].append(event.text)
+        return iter(())
+
+    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
+        result = event.result
+        assert result is not None
+        calls = [_function_call_part({"id": c["id"], "function": {"name": c["name"],
+                                                                  "arguments": "".join(c["args"])}})
+                 for _, c in sorted(self.calls.items())]
+        reasoning = "".join(self.reasoning)
+        if calls:
+            yield from self._hold_flush()
+            if reasoning:
+                calls[0]["thoughtSignature"] = encode_signature(reasoning)
+            yield self._frame(calls, result)
+        else:
+            last = self.held
+            self.held = None
+            if last is None:
+                last = {"text": ""}
+            if reasoning:
+                last["thoughtSignature"] = encode_signature(reasoning)
+            yield self._frame([last], result)
+        if not self.sse:
+            yield b"]"
+
+    def _hold_flush(self) -> Iterator[bytes]:
+        if self.held is not None:
+            yield self._frame([self.held])
+            self.held = None
+
+    def error(self, err: GatewayError) -> Iterator[bytes]:
+        """After frames went out the error follows them: in JSON-array mode as the array's last
+        element. The frame held back goes out first (it is what the model produced)."""
+        yield from self._hold_flush()
+        body = json.dumps(_error_body(err), ensure_ascii=False).encode()
+        if self.sse:
+            yield body + b"\n\n"
+        else:
+            yield (b"[" if self.sent == 0 else b",\r\n") + body + b"]"
+
+
+def stream_translator(req: ChatRequest) -> GeminiTranslator:
+    return GeminiTranslator(req)
+
+
 def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """`data: JSON` SSE frames (alt=sse), or Google's streamed JSON array without it."""
-    frames = _stream_frames(result, req)
-    if _use_sse(req):
-        for frame in frames:
-            yield sse(frame)
-        return
-    for i, frame in enumerate(frames):
-        yield (b"[" if i == 0 else b",\r\n") + json.dumps(frame, ensure_ascii=False).encode()
-    yield b"]"
+    """`data: JSON` SSE frames (alt=sse), or Google's streamed JSON array without it; text pieces of
+    at most 32 characters. Synthetic streams: the translator, replayed."""
+    return GeminiTranslator(req).feed_all(replay(result, text_size=_STREAM_CHUNK))
 
 
 # --------------------------------------------------------------------------------------------
@@ -754,8 +861,8 @@ def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
     """An error after the 200 went out. With SSE it is the bare error object on its own line, as
     Google sends it: @google/genai (JS, Gemini CLI) only raises on a chunk that parses as JSON
     with an `error` key, and google-genai (Python) raises on a raw JSON line starting with
-    {"error":. The stream is synthesised from the whole answer, so an error always comes before
-    the first frame: in JSON-array mode this is the whole array."""
+    {"error":. This is the error before any frame (in JSON-array mode the whole array); the
+    translator's `error` handles one after frames went out."""
     body = json.dumps(_error_body(err), ensure_ascii=False).encode()
     if _use_sse(req):
         yield body + b"\n\n"

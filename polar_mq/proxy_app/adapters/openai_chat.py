@@ -6,10 +6,11 @@ Clients: Qwen Code, opencode / pi with an openai-compatible provider, the openai
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Iterator
 
-from .base import (ChatRequest, ChatResult, GatewayError, chunk_text, invalid, optional, require,
-                   sse)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, invalid,
+                   optional, replay, require, sse)
 
 PROVIDER = "openai_chat"
 
@@ -147,29 +148,70 @@ def from_chat(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
             "model": req.model, "choices": [choice], "usage": _usage(result)}
 
 
+class ChatTranslator(StreamTranslator):
+    """Normalised events -> chat.completion.chunk frames (the upstream's own dialect, re-labelled
+    with the client's model name). A tool call whose arguments never came gets "{}": clients
+    JSON-parse the arguments."""
+
+    def __init__(self, req: ChatRequest):
+        super().__init__(req)
+        self.base: dict[str, Any] = {}
+        self.args_sent: dict[int, bool] = {}
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse({**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]})
+
+    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+        self.base = {"id": event.id or "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion.chunk",
+                     "created": event.created or int(time.time()), "model": self.req.model}
+        yield self.chunk({"role": "assistant", "content": ""})
+
+    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.text:
+            yield self.chunk({"reasoning_content": event.text})
+
+    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.text:
+            yield self.chunk({"content": event.text})
+
+    def _close_args(self) -> Iterator[bytes]:
+        for index, sent in self.args_sent.items():
+            if not sent:
+                yield self.chunk({"tool_calls": [{"index": index, "function": {"arguments": "{}"}}]})
+                self.args_sent[index] = True
+
+    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
+        yield from self._close_args()
+        self.args_sent[event.index] = False
+        yield self.chunk({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                          "function": {"name": event.name or "", "arguments": ""}}]})
+
+    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.text:
+            self.args_sent[event.index] = True
+            yield self.chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})
+
+    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
+        result = event.result
+        assert result is not None
+        yield from self._close_args()
+        yield self.chunk({}, result.finish_reason)
+        if self.req.extra.get("include_usage"):
+            yield sse({**self.base, "choices": [], "usage": _usage(result)})
+        yield b"data: [DONE]\n\n"
+
+    def error(self, err: GatewayError) -> Iterator[bytes]:
+        return stream_error(err, self.req)
+
+
+def stream_translator(req: ChatRequest) -> ChatTranslator:
+    return ChatTranslator(req)
+
+
 def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    base = {"id": result.id, "object": "chat.completion.chunk",
-            "created": result.created or int(time.time()), "model": req.model}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish}]})
-
-    yield chunk({"role": "assistant", "content": ""})
-    for piece in chunk_text(result.reasoning):
-        yield chunk({"reasoning_content": piece})
-    for piece in chunk_text(result.text):
-        yield chunk({"content": piece})
-    for index, call in enumerate(result.tool_calls):
-        fn = call["function"]
-        yield chunk({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",
-                                     "function": {"name": fn["name"], "arguments": ""}}]})
-        for piece in chunk_text(fn.get("arguments") or "{}", 64):
-            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-    yield chunk({}, result.finish_reason)
-    if req.extra.get("include_usage"):
-        yield sse({**base, "choices": [], "usage": _usage(result)})
-    yield b"data: [DONE]\n\n"
+    """A whole result as a chunk stream (synthetic streams): the same translator, replayed."""
+    return ChatTranslator(req).feed_all(replay(result))
 
 
 _TYPES = {

@@ -23,11 +23,13 @@ from .base import (
     ChatRequest,
     ChatResult,
     GatewayError,
-    chunk_text,
+    StreamEvent,
+    StreamTranslator,
     dump_arguments,
     invalid,
     optional,
     parse_arguments,
+    replay,
     require,
     sse,
 )
@@ -580,61 +582,140 @@ class _Stream:
         yield self.event("response.in_progress", response=shell)
 
 
+class ResponsesTranslator(StreamTranslator):
+    """Normalised events -> the Responses event stream. Output items open in the order the model
+    produces them (reasoning, message, tool calls); an item is finished (`output_item.done`) when
+    the next one opens or the answer ends, and `response.completed` lists exactly the finished
+    items. Custom tool calls (apply_patch) carry their free-form `input`, which sits inside the
+    upstream's JSON arguments: it is sent whole when the call ends."""
+
+    def __init__(self, req: ChatRequest):
+        super().__init__(req)
+        self.state = _Stream.of(req)
+        self.items: list[dict[str, Any]] = []  # finished items
+        self.item: dict[str, Any] | None = None  # the open item
+        self.buffer: list[str] = []  # its text / arguments so far
+        self.saw_message = False
+        self.saw_call = False
+
+    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+        if event.created and not self.state.created:
+            self.state.created_at = event.created
+        yield from self.state.start()
+
+    def _ids(self) -> dict[str, Any]:
+        assert self.item is not None
+        return {"item_id": self.item["id"], "output_index": len(self.items)}
+
+    def _open(self, item: dict[str, Any], added: dict[str, Any]) -> Iterator[bytes]:
+        yield from self._close("completed")
+        self.item, self.buffer = item, []
+        yield self.state.event("response.output_item.added", output_index=len(self.items), item=added)
+
+    def _close(self, status: str) -> Iterator[bytes]:
+        item = self.item
+        if item is None:
+            return
+        ids = self._ids()
+        text = "".join(self.buffer)
+        kind = item["type"]
+        if kind == "reasoning":
+            part = {"type": "summary_text", "text": text}
+            item.update(summary=[part], encrypted_content=encode_reasoning(text))
+            yield self.state.event("response.reasoning_summary_text.done", **ids, summary_index=0, text=text)
+            yield self.state.event("response.reasoning_summary_part.done", **ids, summary_index=0, part=part)
+        elif kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            item.update(status=status, content=[part])
+            yield self.state.event("response.output_text.done", **ids, content_index=0, text=text, logprobs=[])
+            yield self.state.event("response.content_part.done", **ids, content_index=0, part=part)
+        elif kind == "function_call":
+            item.update(arguments=text, status=status)
+            yield self.state.event("response.function_call_arguments.done", **ids, name=item["name"],
+                                   arguments=text)
+        elif kind == "custom_tool_call":
+            value = _custom_input(text)
+            item.update(input=value, status=status)
+            if value:
+                yield self.state.event("response.custom_tool_call_input.delta", **ids, delta=value)
+            yield self.state.event("response.custom_tool_call_input.done", **ids, input=value)
+        yield self.state.event("response.output_item.done", output_index=len(self.items), item=item)
+        self.items.append(item)
+        self.item, self.buffer = None, []
+
+    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+        if not event.text:
+            return
+        if self.item is None or self.item["type"] != "reasoning":
+            item = {"id": _new_id("rs"), "type": "reasoning", "summary": []}
+            yield from self._open(item, dict(item))
+            yield self.state.event("response.reasoning_summary_part.added", **self._ids(), summary_index=0,
+                                   part={"type": "summary_text", "text": ""})
+        self.buffer.append(event.text)
+        yield self.state.event("response.reasoning_summary_text.delta", **self._ids(), summary_index=0,
+                               delta=event.text)
+
+    def _open_message(self) -> Iterator[bytes]:
+        item = {"id": _new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress",
+                "content": []}
+        yield from self._open(item, dict(item))
+        self.saw_message = True
+        yield self.state.event("response.content_part.added", **self._ids(), content_index=0,
+                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+
+    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
+        if not event.text:
+            return
+        if self.item is None or self.item["type"] != "message":
+            yield from self._open_message()
+        self.buffer.append(event.text)
+        yield self.state.event("response.output_text.delta", **self._ids(), content_index=0,
+                               delta=event.text, logprobs=[])
+
+    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
+        name = event.name or ""
+        call_id = event.id or _new_id("call")
+        self.saw_call = True
+        if name in self.req.custom_tools:
+            item = {"id": _new_id("ctc"), "type": "custom_tool_call", "call_id": call_id, "name": name,
+                    "input": "", "status": "in_progress"}
+        else:
+            item = {"id": _new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
+                    "arguments": "", "status": "in_progress"}
+        yield from self._open(item, dict(item))
+
+    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
+        if self.item is None or not event.text or self.item["type"] not in ("function_call", "custom_tool_call"):
+            return
+        self.buffer.append(event.text)
+        if self.item["type"] == "function_call":
+            yield self.state.event("response.function_call_arguments.delta", **self._ids(), delta=event.text)
+
+    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
+        result = event.result
+        assert result is not None
+        incomplete = result.finish_reason == "length"
+        status = "incomplete" if incomplete else "completed"
+        if not self.saw_message and not self.saw_call:  # the client must see a turn, even empty
+            yield from self._open_message()
+        yield from self._close(status)
+        final = _response(self.req, status=status, output=self.items, created_at=self.state.created_at,
+                          usage=_usage(result), incomplete=incomplete)
+        yield self.state.event("response.completed", response=final)
+
+    def error(self, err: GatewayError) -> Iterator[bytes]:
+        return stream_error(err, self.req)
+
+
+def stream_translator(req: ChatRequest) -> ResponsesTranslator:
+    return ResponsesTranslator(req)
+
+
 def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
     """The answer as the Responses event stream, ending in response.completed (also for a
     length-truncated answer, whose response says status incomplete: clients treat a stream
-    without response.completed as a failure and retry)."""
-    state = _Stream.of(req)
-    if result.created and not state.created:
-        state.created_at = result.created
-    yield from state.start()
-    items = output_items(result, req)
-    for index, item in enumerate(items):
-        yield from _item_events(state, index, item)
-    incomplete = result.finish_reason == "length"
-    final = _response(req, status="incomplete" if incomplete else "completed", output=items,
-                      created_at=state.created_at, usage=_usage(result), incomplete=incomplete)
-    yield state.event("response.completed", response=final)
-
-
-def _item_events(state: _Stream, index: int, item: dict[str, Any]) -> Iterator[bytes]:
-    kind = item["type"]
-    ids = {"item_id": item["id"], "output_index": index}
-    if kind == "reasoning":
-        text = item["summary"][0]["text"]
-        yield state.event("response.output_item.added", output_index=index,
-                          item={"id": item["id"], "type": "reasoning", "summary": []})
-        part = {"type": "summary_text", "text": ""}
-        yield state.event("response.reasoning_summary_part.added", **ids, summary_index=0, part=part)
-        for piece in chunk_text(text):
-            yield state.event("response.reasoning_summary_text.delta", **ids, summary_index=0, delta=piece)
-        yield state.event("response.reasoning_summary_text.done", **ids, summary_index=0, text=text)
-        yield state.event("response.reasoning_summary_part.done", **ids, summary_index=0,
-                          part={"type": "summary_text", "text": text})
-    elif kind == "message":
-        text = item["content"][0]["text"]
-        yield state.event("response.output_item.added", output_index=index,
-                          item={**item, "status": "in_progress", "content": []})
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        yield state.event("response.content_part.added", **ids, content_index=0, part=part)
-        for piece in chunk_text(text):
-            yield state.event("response.output_text.delta", **ids, content_index=0, delta=piece, logprobs=[])
-        yield state.event("response.output_text.done", **ids, content_index=0, text=text, logprobs=[])
-        yield state.event("response.content_part.done", **ids, content_index=0, part=item["content"][0])
-    elif kind == "function_call":
-        yield state.event("response.output_item.added", output_index=index,
-                          item={**item, "arguments": "", "status": "in_progress"})
-        for piece in chunk_text(item["arguments"], 64):
-            yield state.event("response.function_call_arguments.delta", **ids, delta=piece)
-        yield state.event("response.function_call_arguments.done", **ids, name=item["name"],
-                          arguments=item["arguments"])
-    elif kind == "custom_tool_call":
-        yield state.event("response.output_item.added", output_index=index,
-                          item={**item, "input": "", "status": "in_progress"})
-        for piece in chunk_text(item["input"], 64):
-            yield state.event("response.custom_tool_call_input.delta", **ids, delta=piece)
-        yield state.event("response.custom_tool_call_input.done", **ids, input=item["input"])
-    yield state.event("response.output_item.done", output_index=index, item=item)
+    without response.completed as a failure and retry). Synthetic streams: the translator, replayed."""
+    return ResponsesTranslator(req).feed_all(replay(result))
 
 
 # ------------------------------------------------------------------ errors and count_tokens
