@@ -152,3 +152,51 @@ def test_pi_config_per_api(tmp_path):
         assert (prov["api"], prov["baseUrl"], prov["apiKey"]) == (pi_api, base, "KEY")
         assert launch.argv[-1] == "x" and "polar/m1" in launch.argv
         assert launch.env["PI_OFFLINE"] == "1"
+
+
+@pytest.fixture(scope="module")
+def scripted_gateway(log_dir, redis_url, tmp_path_factory):
+    """A gateway on a stand-in scripted to make three tool turns, then answer."""
+    from conftest import GatewayHandle, start_gateway, start_model_server, stop
+
+    script = tmp_path_factory.mktemp("script") / "steps.json"
+    script.write_text(json.dumps([
+        {"tool": "write", "arguments": {"path": "one.txt", "content": "1"}},
+        {"tool": "write", "arguments": {"path": "two.txt", "content": "2"}},
+        {"tool": "write", "arguments": {"path": "three.txt", "content": "3"}},
+        {"text": "Wrote three files."},
+    ]))
+    ms = start_model_server(log_dir, "--scripted", str(script), "--max-model-len", "65536", name="ms-scripted")
+    gw = start_gateway(log_dir, redis_url, [ms.url], name="gw-scripted")
+    yield GatewayHandle(url=gw.url, upstream_url=ms.url, redis_url=redis_url, server=gw)
+    stop(gw.proc)
+    stop(ms.proc)
+
+
+@pytest.mark.cli
+@needs_node
+def test_real_cli_session_merges_to_one_trace(pi_bin, scripted_gateway, tmp_path):
+    """Several tool turns recorded from the real pi CLI: prefix_merging gives one trace for the
+    main chain, every sampled token trainable (delivered_fraction 1.0)."""
+    import requests
+
+    sess = scripted_gateway.new_session()
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    launch = configs.pi(home, sess["base_urls"], sess["key"], "stand-in", "Write three files",
+                        api="openai_chat", bin=str(pi_bin))
+    proc = run_launch(launch, work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(work / n).read_text() for n in ("one.txt", "two.txt", "three.txt")] == ["1", "2", "3"]
+    calls = scripted_gateway.calls(sess["session_id"])
+    assert [c["finish_reason"] for c in calls] == ["tool_calls"] * 3 + ["stop"]
+    traj = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory",
+                        params={"builder": "prefix_merging"}, timeout=30).json()
+    assert traj["stats"]["traces"] == 1 and traj["stats"]["delivered_fraction"] == 1.0
+    trace = traj["traces"][0]
+    last = calls[-1]
+    assert trace["prompt_ids"] + trace["response_ids"] == last["prompt_token_ids"] + last["completion_token_ids"]
+    assert sum(trace["loss_mask"]) == sum(len(c["completion_token_ids"]) for c in calls)
+    per_request = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory",
+                               params={"builder": "per_request"}, timeout=30).json()
+    assert per_request["stats"]["traces"] == 4
