@@ -39,6 +39,20 @@ log = logging.getLogger("polar_mq.runtimes.bwrap")
 BRIDGE_DIR = "/tmp/.polar-gw"  # inside the sandbox (on its private /tmp)
 
 
+def host_paths_under_tmp() -> list[str]:
+    """Host paths the sandbox needs (the interpreter's prefix, the polar_mq checkout, the harness
+    cache) that live under /tmp and would be hidden by the sandbox's private /tmp: they are
+    bound back read-only. CI checkouts under /tmp are the usual case."""
+    import polar_mq
+    from ..harnesses.install import default_cache_dir
+
+    candidates = {sys.prefix, sys.base_prefix, str(Path(polar_mq.__file__).resolve().parents[1]),
+                  str(default_cache_dir())}
+    under = sorted(p for p in candidates if p == "/tmp" or p.startswith("/tmp/"))
+    # Drop paths already covered by a shorter one.
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
+
+
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
@@ -66,7 +80,10 @@ class BwrapRuntime(LocalRuntime):
             argv.append("--share-net")
         argv += ["--ro-bind", "/", "/"]
         argv += ["--dev-bind", "/dev", "/dev"] if handle.get("gpus") else ["--dev", "/dev"]
-        argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--bind", sdir, sdir]
+        argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
+        for path in host_paths_under_tmp():  # the private /tmp must not hide our interpreter
+            argv += ["--ro-bind", path, path]
+        argv += ["--bind", sdir, sdir]
         cwd = handle.get("cwd") or handle["workdir"]
         if cwd != handle["workdir"]:
             argv += ["--bind", handle["workdir"], cwd]
