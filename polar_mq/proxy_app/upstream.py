@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 
@@ -29,6 +29,18 @@ _MAX_LEN_RE = re.compile(r"maximum context length is (\d+)")
 _PROMPT_LEN_RES = [re.compile(p) for p in (r"(\d+) input tokens", r"resulted in (\d+) tokens",
                                            r"requested (\d+) tokens", r"prompt \(length (\d+)\)")]
 _CONTEXT_WORDS = ("maximum context length", "context length", "too long", "exceeds the max")
+
+
+T = TypeVar("T")
+
+
+class _Retry(Exception):
+    """One upstream attempt failed in a way worth retrying elsewhere."""
+
+    def __init__(self, error: GatewayError, answered: bool = True):
+        super().__init__(error.message)
+        self.error = error
+        self.answered = answered  # the upstream answered (5xx, broken stream) vs unreachable
 
 
 def normalise_root(url: str) -> str:
@@ -390,42 +402,57 @@ class UpstreamPool:
         return sorted(self.upstreams, key=lambda u: (not u.healthy, -_weight(u.root, affinity_key)))
 
     # --- generation -----------------------------------------------------------------------------
+    def _retrying(self, affinity_key: str, attempt: Callable[[Upstream], T]) -> T:
+        """Run `attempt` against the session's upstreams in preference order, with backoff between
+        tries, until it returns. `_Retry` moves on to the next try; any other error is final.
+        After the last try the most telling error wins: an upstream that answered (5xx, a broken
+        stream) says more than one that could not be reached."""
+        last: GatewayError | None = None
+        answered: GatewayError | None = None
+        order = self.ranked(affinity_key)
+        for n in range(self.retries + 1):
+            if n:
+                time.sleep(min(self.backoff * 2 ** (n - 1), 4.0))
+            try:
+                return attempt(order[n % len(order)])
+            except _Retry as retry:
+                last = retry.error
+                answered = retry.error if retry.answered else answered
+        assert last is not None
+        raise answered or last
+
+    def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False) -> requests.Response:
+        try:
+            return self.http.post(f"{up.root}/v1/chat/completions", json=body, stream=stream,
+                                  timeout=(self.connect_timeout, self.timeout))
+        except requests.exceptions.ReadTimeout:
+            # Retrying a generation that ran out of time would only double the load.
+            raise GatewayError("upstream_timeout",
+                               f"upstream {up.root} did not answer within {self.timeout:g} s") from None
+        except requests.exceptions.RequestException as exc:
+            up.healthy, up.last_error = False, str(exc)
+            raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
+                         answered=False) from exc
+
     def chat(self, body: dict[str, Any], affinity_key: str) -> tuple[ChatResult, str]:
         """One non-streaming chat completion. Retries connection errors and 5xx with backoff,
         moving to the next upstream; 4xx are mapped to client errors without retrying."""
-        last: GatewayError | None = None
-        answered: GatewayError | None = None  # an upstream that answered 5xx says more than a dead one
-        order = self.ranked(affinity_key)
-        for attempt in range(self.retries + 1):
-            up = order[attempt % len(order)]
-            if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), 4.0))
-            try:
-                resp = self.http.post(f"{up.root}/v1/chat/completions", json=body,
-                                      timeout=(self.connect_timeout, self.timeout))
-            except requests.exceptions.ReadTimeout:
-                # Retrying a generation that ran out of time would only double the load.
-                raise GatewayError("upstream_timeout",
-                                   f"upstream {up.root} did not answer within {self.timeout:g} s")
-            except requests.exceptions.RequestException as exc:
-                up.healthy, up.last_error = False, str(exc)
-                last = GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}")
-                continue
+        def attempt(up: Upstream) -> tuple[ChatResult, str]:
+            resp = self._post(up, body)
             if resp.status_code >= 500:
-                last = answered = GatewayError("upstream_error",
-                                    f"upstream {up.root} answered {resp.status_code}: {error_message(resp)}")
-                continue
+                raise _Retry(GatewayError("upstream_error", f"upstream {up.root} answered "
+                                          f"{resp.status_code}: {error_message(resp)}"))
             if resp.status_code >= 400:
                 raise map_client_error(resp.status_code, error_message(resp))
             try:
                 data = resp.json()
             except ValueError as exc:
-                last = GatewayError("upstream_error", f"upstream {up.root} sent invalid JSON: {exc}")
-                continue
+                raise _Retry(GatewayError("upstream_error", f"upstream {up.root} sent invalid JSON: {exc}"),
+                             answered=False) from exc
             up.healthy = True
             return parse_chat_response(data), up.root
-        assert last is not None
-        raise answered or last
+
+        return self._retrying(affinity_key, attempt)
 
     def can_stream(self, affinity_key: str) -> bool:
         """Whether the upstream this session prefers is known (or not known not) to stream ids."""
@@ -444,32 +471,16 @@ class UpstreamPool:
         errors, 5xx, a stream that ends or breaks before its first chunk) happen here only: once a
         chunk arrived, the caller owns the stream. Raises NoStreamIds when the first chunk lacks
         the prompt token ids that were asked for (the upstream is then marked as not streaming ids)."""
-        last: GatewayError | None = None
-        answered: GatewayError | None = None
-        order = self.ranked(affinity_key)
-        for attempt in range(self.retries + 1):
-            up = order[attempt % len(order)]
-            if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), 4.0))
-            try:
-                resp = self.http.post(f"{up.root}/v1/chat/completions", json=body, stream=True,
-                                      timeout=(self.connect_timeout, self.timeout))
-            except requests.exceptions.ReadTimeout:
-                raise GatewayError("upstream_timeout",
-                                   f"upstream {up.root} did not answer within {self.timeout:g} s")
-            except requests.exceptions.RequestException as exc:
-                up.healthy, up.last_error = False, str(exc)
-                last = GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}")
-                continue
+        def attempt(up: Upstream) -> UpstreamStream:
+            resp = self._post(up, body, stream=True)
             if resp.status_code >= 400:
                 try:
                     message = error_message(resp)
                 finally:
                     resp.close()
                 if resp.status_code >= 500:
-                    last = answered = GatewayError("upstream_error",
-                                                   f"upstream {up.root} answered {resp.status_code}: {message}")
-                    continue
+                    raise _Retry(GatewayError("upstream_error",
+                                              f"upstream {up.root} answered {resp.status_code}: {message}"))
                 raise map_client_error(resp.status_code, message)
             stream = UpstreamStream(resp, up.root)
             try:
@@ -478,29 +489,26 @@ class UpstreamPool:
                 stream.close()
                 if exc.kind == "upstream_timeout":
                     raise
-                last = answered = exc
-                continue
+                raise _Retry(exc) from exc
             if first is None:
                 stream.close()
-                last = answered = GatewayError("upstream_error", f"upstream {up.root} ended the stream "
-                                               "before its first chunk")
-                continue
+                raise _Retry(GatewayError("upstream_error", f"upstream {up.root} ended the stream "
+                                          "before its first chunk"))
             error = chunk_error(first)
             if error is not None:
                 stream.close()
                 code = (first.get("error") or {}).get("code") if isinstance(first.get("error"), dict) else None
                 if isinstance(code, int) and 400 <= code < 500:
                     raise map_client_error(code, error)
-                last = answered = GatewayError("upstream_error", f"upstream {up.root} failed: {error}")
-                continue
+                raise _Retry(GatewayError("upstream_error", f"upstream {up.root} failed: {error}"))
             up.healthy = True
             if body.get("return_token_ids") and first.get("prompt_token_ids") is None:
                 stream.close()
                 up.stream_token_ids = False
                 raise NoStreamIds(up.root)
             return stream
-        assert last is not None
-        raise answered or last
+
+        return self._retrying(affinity_key, attempt)
 
     def tokenize(self, messages: list[dict], tools: list[dict] | None, model: str,
                  affinity_key: str) -> int | None:
