@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
+
 import signal
 import subprocess
 import sys

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+
 import subprocess
 import sys
 import time

@@ -38,7 +38,6 @@ def test_pause_drains_in_flight_and_holds_new_generations(gateway, api_on_gatewa
     t_slow = threading.Thread(target=slow)
     t_slow.start()
     time.sleep(0.5)  # the slow generation is in flight
-    t0 = time.monotonic()
     body = requests.post(f"{api}/v1/admin/pause", params={"wait": 10}, timeout=30).json()
     assert body["paused"] is True and body["drained"] is True and body["in_flight"] == 0
     assert "slow_done" in results  # pause returned only after the in-flight call finished

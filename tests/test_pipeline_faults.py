@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import redis
 
 from pipeline_support import TINY_AGENT, agent_task, make_pipeline

@@ -141,7 +141,7 @@ def task_status(task_id: str) -> Response:
 @bp.get("/v1/tasks/<task_id>/results")
 def task_results(task_id: str) -> Response:
     c = ctx()
-    stored = _task_or_404(task_id)
+    _task_or_404(task_id)
     status = views.parse_status_filter(request.args.get("status"))
     min_reward = _float_arg("min_reward")
     offset = _int_arg("offset", 0, 10**7)

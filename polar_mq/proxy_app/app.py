@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from ..model import CaptureRecord, new_id
+from ..model import CaptureRecord
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable, connect
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay

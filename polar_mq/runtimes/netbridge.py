@@ -173,7 +173,7 @@ def listen_in_netns(pid: int, host: str, port: int) -> socket.socket:
 
     def work() -> None:
         try:
-            own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
             target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
             try:
                 if libc.setns(target, CLONE_NEWNET) != 0:
