@@ -174,9 +174,63 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 # --- results -----------------------------------------------------------------------------------
+RESULTS_EPILOG = """\
+--format sft and offline SFT (grader.config.keep_only_passing): when the task's trajectories carry
+the grader's SFT verdicts (metadata "sft": accepted | rejected | error), only the accepted
+trajectories are exported, as the rows of the workers' SFT file (OpenAI-chat messages + tools,
+ids, reward, instance_id). The accepted / attempted counts are then printed on stderr: from the
+SFT file's .stats.json when it is readable here (--sft-file, else the path the worker recorded in
+the trajectories, else $POLAR_RESULTS_DIR/TASK_ID/sft.jsonl), otherwise computed from the fetched
+trajectories (grader errors are not attempts). A file shared by several tasks (sft_path) has
+counts of its own: the task's are printed next to them. --all exports every trajectory instead
+(no SFT verdict filter); --status / --min-reward / --harness / --role filter as usual, and the
+computed counts cover the trajectories they leave.
+"""
+
+
+def _default_results_dir() -> str:
+    import os
+
+    from .settings import PipelineSettings
+
+    return os.environ.get("POLAR_RESULTS_DIR") or PipelineSettings.results_dir
+
+
+def _sft_counts(task_id: str, trajs: list[Any], verdicts: dict[str, str], sft_file: str | None) -> str:
+    """The offline-SFT summary line: the stats file's counts when it is here, else computed."""
+    from pathlib import Path
+
+    from .graders.sft import stats_path, summarize
+
+    def fmt(c: dict[str, Any]) -> str:
+        return (f"{c['accepted']} accepted / {c['attempted']} attempted ({c['acceptance_rate']:.1%}), "
+                f"{c['errors']} grader error(s)")
+
+    recorded = [(t.metadata or {}).get("sft_file") for t in trajs]
+    candidates = [sft_file] if sft_file else [*dict.fromkeys(r for r in recorded if r),
+                                              str(Path(_default_results_dir()) / task_id / "sft.jsonl")]
+    task_counts = summarize(verdicts.values())
+    for path in candidates:
+        stats_file = stats_path(Path(path))
+        try:
+            stats = json.loads(stats_file.read_text())
+        except (OSError, ValueError):
+            continue
+        sessions = stats.get("sessions") or {}
+        line = f"offline SFT: {fmt({**summarize(sessions.values()), **stats})}, {stats.get('rows', 0)} row(s) " \
+               f"in {path} (counts from {stats_file})"
+        if set(sessions) - set(verdicts):  # shared with other tasks
+            line += f"; this task: {fmt(summarize(sessions.get(sid, v) for sid, v in verdicts.items()))}"
+        return line
+    where = candidates[0] if candidates else "the SFT file"
+    return (f"offline SFT: {fmt(task_counts)} (computed from the results: {where}.stats.json is not on this "
+            f"machine; it is on the workers, under their results dir)")
+
+
 def _results(args: argparse.Namespace) -> int:
     from .client import ApiError
-    from .export import export
+    from .export import as_trajectory, export, select, write_jsonl
+    from .graders.sft import offline_sft_rows
 
     if args.format == "parquet" and not args.out:
         _err("--format parquet needs --out FILE")
@@ -187,11 +241,21 @@ def _results(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     roles = args.role or None
-    n = export(answer["trajectories"], args.out or "-", args.format, harness=args.harness, roles=roles)
+    trajs = select(answer["trajectories"], harness=args.harness)
+    verdicts = {t.session_id: (t.metadata or {}).get("sft") for t in trajs}
+    verdicts = {sid: v for sid, v in verdicts.items() if v in ("accepted", "rejected", "error")}
     waiting = answer.get("sessions_without_trajectory") or []
     note = f"; {len(waiting)} session(s) without a trajectory yet" if waiting else ""
-    print(f"{n} row(s) from {len(answer['trajectories'])} trajectorie(s) of task {args.task_id}"
-          f"{' → ' + args.out if args.out else ''}{note}", file=sys.stderr)
+    dest = " → " + args.out if args.out else ""
+    if args.format == "sft" and verdicts and not args.all:
+        accepted = [t for t in trajs if verdicts.get(t.session_id) == "accepted"]
+        n = write_jsonl(offline_sft_rows(accepted, roles=roles), args.out or "-")
+        print(f"{n} row(s) from {len(accepted)} accepted of {len(trajs)} trajectorie(s) of task "
+              f"{args.task_id}{dest}{note}", file=sys.stderr)
+        print(_sft_counts(args.task_id, trajs, verdicts, args.sft_file), file=sys.stderr)
+        return 0
+    n = export([as_trajectory(t) for t in trajs], args.out or "-", args.format, roles=roles)
+    print(f"{n} row(s) from {len(trajs)} trajectorie(s) of task {args.task_id}{dest}{note}", file=sys.stderr)
     return 0
 
 
@@ -220,7 +284,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _api_flags(status)
     status.set_defaults(func=_status)
 
-    results = sub.add_parser("results", help="fetch a task's trajectories (JSONL, Parquet or SFT)")
+    results = sub.add_parser("results", help="fetch a task's trajectories (JSONL, Parquet or SFT)",
+                             description="Fetch a task's trajectories as token-level JSONL / Parquet rows or "
+                                         "SFT chat JSONL.", epilog=RESULTS_EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     results.add_argument("task_id")
     results.add_argument("--out", help="output file (default stdout; required for parquet)")
     results.add_argument("--format", choices=("jsonl", "parquet", "sft"), default="jsonl")
@@ -228,6 +295,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     results.add_argument("--min-reward", type=float)
     results.add_argument("--harness", help="only trajectories of this harness")
     results.add_argument("--role", action="append", help="only traces with this role (main, side, subagent...)")
+    results.add_argument("--all", action="store_true",
+                         help="with --format sft: every trajectory, not only those offline SFT accepted")
+    results.add_argument("--sft-file", help="with --format sft: the offline SFT file whose .stats.json has the "
+                                            "counts (default: the path the workers recorded)")
     _api_flags(results)
     results.set_defaults(func=_results)
 

@@ -242,3 +242,72 @@ def test_cli_errors(api, tmp_path):
     good.write_text(json.dumps({"task_id": "cli-timeout", "instruction": "x", "agent": {"harness": "codex"}}))
     proc = cli("submit", str(good), "--wait", "--timeout", "0.5", "--poll", "0.1", api=api)
     assert proc.returncode == 124
+
+
+def _sft_session(store: PipelineStore, sid: str, task_id: str, grade, sft_file) -> None:
+    """A session graded in offline SFT mode, as the postrun stage records it."""
+    from polar_mq.graders import sft as offline
+
+    for st in STAGES:
+        store.transition(sid, st, node="fake-worker:1")
+    trace = Trace(prompt_ids=[5], response_ids=[7], loss_mask=[1],
+                  messages=[{"role": "user", "content": f"fix {sid}"}, {"role": "assistant", "content": f"done {sid}"}],
+                  tools=[{"type": "function", "function": {"name": "bash"}}], metadata={"role": "main"})
+    traj = Trajectory(session_id=sid, task_id=task_id, status=states.COMPLETED, traces=[trace], reward=grade.reward,
+                      metadata={"harness": "shell", "grade": grade.to_dict()})
+    traj.metadata["sft"] = offline.record(sft_file, traj, grade)
+    store.save_trajectory(traj)
+    store.transition(sid, states.COMPLETED, node="fake-worker:1", reward=grade.reward, outcome=states.COMPLETED)
+
+
+def test_cli_results_offline_sft(api, client, store, tmp_path):
+    """--format sft on an offline-SFT task: the accepted rows (as in the workers' SFT file) and the
+    accepted/attempted counts, from the .stats.json when it is here, else computed."""
+    from polar_mq.graders import Grade
+
+    sids = client.submit({"task_id": "cli-sft", "instruction": "x", "num_samples": 3,
+                          "agent": {"harness": "shell", "options": {"command": "true"}}})["session_ids"]
+    sft_file = tmp_path / "results" / "cli-sft" / "sft.jsonl"
+    grades = [Grade(1.0, passed=True, metadata={"instance_id": "calc__calc-1"}), Grade(0.0, passed=False),
+              Grade.error("runtime down")]
+    for sid, grade in zip(sids, grades):
+        _sft_session(store, sid, "cli-sft", grade, sft_file)
+
+    out = tmp_path / "accepted.jsonl"
+    proc = cli("results", "cli-sft", "--format", "sft", "--out", str(out), api=api)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == [json.loads(line) for line in sft_file.read_text().splitlines()]  # the file's rows
+    assert [r["session_id"] for r in rows] == [sids[0]] and rows[0]["instance_id"] == "calc__calc-1"
+    assert "1 row(s) from 1 accepted of 3 trajectorie(s)" in proc.stderr
+    assert "1 accepted / 2 attempted (50.0%), 1 grader error(s), 1 row(s) in " + str(sft_file) in proc.stderr
+    assert "counts from " + str(sft_file) + ".stats.json" in proc.stderr
+
+    # stdout, and --all: every trajectory's SFT rows
+    proc = cli("results", "cli-sft", "--format", "sft", api=api)
+    assert [json.loads(line)["session_id"] for line in proc.stdout.splitlines()] == [sids[0]]
+    proc = cli("results", "cli-sft", "--format", "sft", "--all", api=api)
+    assert sorted(json.loads(line)["session_id"] for line in proc.stdout.splitlines()) == sorted(sids)
+    assert "offline SFT" not in proc.stderr
+
+    # a file shared with another task: its own counts, and this task's next to them
+    shared = tmp_path / "shared.jsonl"
+    from polar_mq.graders import sft as offline
+    offline.record(shared, Trajectory(session_id="other-task-session", task_id="other"), Grade(0.0))
+    for sid, grade in zip(sids, grades):
+        offline.record(shared, Trajectory(session_id=sid, task_id="cli-sft"), grade)
+    proc = cli("results", "cli-sft", "--format", "sft", "--sft-file", str(shared), api=api)
+    assert "1 accepted / 3 attempted (33.3%)" in proc.stderr
+    assert "this task: 1 accepted / 2 attempted (50.0%), 1 grader error(s)" in proc.stderr
+
+    # the file is not on this machine (it lives on the workers): the counts come from the results
+    sft_file.with_name("sft.jsonl.stats.json").unlink()
+    proc = cli("results", "cli-sft", "--format", "sft", api=api, env={"POLAR_RESULTS_DIR": str(tmp_path / "none")})
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["session_id"] for line in proc.stdout.splitlines()] == [sids[0]]
+    assert "1 accepted / 2 attempted (50.0%), 1 grader error(s) (computed from the results" in proc.stderr
+    # the other formats are not filtered
+    proc = cli("results", "cli-sft", api=api)
+    assert len(proc.stdout.splitlines()) == 3
+    proc = cli("results", "cli-sft", "--help", api=api)
+    assert "keep_only_passing" in proc.stdout and "--sft-file" in proc.stdout

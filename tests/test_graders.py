@@ -200,7 +200,8 @@ def test_runner_fresh_runtime_ignores_edited_tests(tmp_path, source):
     assert load_grader("test_runner", cfg).grade(TRAJ, s.context()).reward == 1.0
     fresh = {**cfg, "fresh": True, "repo_source": str(src), "base_commit": base, "test_files": ["tests"]}
     g = load_grader("test_runner", fresh).grade(TRAJ, s.context())
-    assert g.reward == 0.0 and g.metadata["runtime"] == "fresh" and g.metadata["patch"]["applied"]
+    assert g.reward == 0.0 and g.metadata["runtime"] == "fresh"
+    assert g.metadata["excluded_from_patch"] == ["tests/test_calc.py"]  # nothing of the patch was applied
     assert g.tests["tests/test_calc.py::test_mul"] == "FAILED"
     # and a real fix passes in the fresh runtime; the fresh copy is removed afterwards
     s2 = Session(tmp_path, src, "s2")
@@ -208,6 +209,34 @@ def test_runner_fresh_runtime_ignores_edited_tests(tmp_path, source):
     g = load_grader("test_runner", fresh).grade(TRAJ, s2.context())
     assert g.reward == 1.0 and g.metadata["patch"]["files"] == ["calc/__init__.py"]
     assert not any((s2.dir / "grade").glob("fresh-*/work/repo"))
+
+
+def test_guard_patch_splits_and_excludes():
+    from polar_mq.graders.workspace import guard_patch, patch_files, split_patch, test_dirs
+
+    def new(path, quoted=None):
+        q = quoted or path
+        a, b = (f'"a/{q[1:-1]}"', f'"b/{q[1:-1]}"') if quoted else (f"a/{q}", f"b/{q}")
+        return f"diff --git {a} {b}\nnew file mode 100644\n--- /dev/null\n+++ {b}\n@@ -0,0 +1 @@\n+x\n"
+
+    paths = ["calc/__init__.py", "sympy/core/tests/helper.py", "sympy/core/basic.py", "tests/a/b/data.json",
+             "docs/conftest.py", "setup.cfg", "pkg/pyproject.toml", "site/x.pth", "sitecustomize.py",
+             "usercustomize.py", ".pytest.ini", "pytest.toml", "tox.ini", "pkg/test_mod.py", "my tests/conftest.py"]
+    patch = "".join(new(p) for p in paths) + new('q"x.py', '"q\\"x.py"')
+    assert patch_files(patch) == paths + ['q"x.py']
+    assert [p for p, _ in split_patch(patch)] == paths + ['q"x.py']
+    protected = ["sympy/core/tests/test_basic.py", "tests/a/b/test_x.py", "pkg/test_mod.py", "test_root.py"]
+    assert test_dirs(protected) == ["sympy/core/tests", "tests"]
+    kept, excluded, guards = guard_patch(patch, protected)
+    assert guards == ["sympy/core/tests", "tests"]
+    assert patch_files(kept) == ["calc/__init__.py", "sympy/core/basic.py", 'q"x.py']
+    assert excluded == [p for p in paths if p not in ("calc/__init__.py", "sympy/core/basic.py")]
+    # without test-config exclusion only the protected paths and test directories are dropped
+    kept, excluded, _ = guard_patch(patch, protected, exclude_test_config=False)
+    assert excluded == ["sympy/core/tests/helper.py", "tests/a/b/data.json", "pkg/test_mod.py"]
+    # a part whose path cannot be read is not trusted
+    kept, excluded, _ = guard_patch("diff --git garbage\n@@ -1 +1 @@\n-a\n+b\n" + new("ok.py"), [])
+    assert patch_files(kept) == ["ok.py"] and excluded == ["<unreadable diff header>"]
 
 
 def test_patch_fuzz_fallback(tmp_path, source):
@@ -293,7 +322,9 @@ def _sft_traj(sid: str) -> Trajectory:
 def test_offline_sft_keeps_only_passing(tmp_path):
     path = sft.sft_path(tmp_path, "t", {})
     assert path == tmp_path / "t" / "sft.jsonl"
-    assert sft.record(path, _sft_traj("a"), Grade(1.0, passed=True)) == "accepted"
+    first = _sft_traj("a")
+    assert sft.record(path, first, Grade(1.0, passed=True)) == "accepted"
+    assert first.metadata["sft_file"] == str(path)
     assert sft.record(path, _sft_traj("b"), Grade(0.0)) == "rejected"
     assert sft.record(path, _sft_traj("c"), Grade(0.5), threshold=0.5) == "accepted"
     assert sft.record(path, _sft_traj("d"), Grade.error("runtime down")) == "error"
@@ -305,6 +336,11 @@ def test_offline_sft_keeps_only_passing(tmp_path):
     stats = sft.read_stats(path)
     assert (stats["attempted"], stats["accepted"], stats["errors"], stats["rows"]) == (4, 2, 1, 2)
     assert stats["acceptance_rate"] == 0.5
+    assert sft.summarize(["accepted", "rejected", "error", None]) == {"attempted": 2, "accepted": 1, "errors": 1,
+                                                                      "acceptance_rate": 0.5}
+    # the rows as the file has them, rebuilt from stored trajectories (what `results --format sft` exports)
+    first.metadata["grade"] = {"metadata": {"instance_id": "i-1"}}
+    assert [{**r, "instance_id": "i-1"} for r in rows[:1]] == list(sft.offline_sft_rows([first]))
     assert sft_options({"keep_only_passing": True, "sft_path": "/x"}) == {"keep_only_passing": True, "sft_path": "/x"}
     assert sft_options({"command": "x"}) is None
 

@@ -92,6 +92,7 @@ def test_swebench_offline_sft(pipeline, source, tmp_path):
     [g, b] = pipeline.wait(good + bad, timeout=120)
     assert (g.state, g.reward, b.state, b.reward) == (states.COMPLETED, 1.0, states.COMPLETED, 0.0)
     gt = pipeline.store.get_trajectory(g.session_id)
+    assert gt.metadata["sft_file"] == str(sft_file)  # where `polar-mq results --format sft` finds the counts
     assert gt.metadata["sft"] == "accepted" and pipeline.store.get_trajectory(b.session_id).metadata["sft"] == "rejected"
     assert sorted(gt.metadata["grade"]["details"]["tests_status"]["FAIL_TO_PASS"]["success"]) == sorted(FAIL_TO_PASS)
     rows = [json.loads(line) for line in sft_file.read_text().splitlines()]

@@ -95,22 +95,81 @@ CONFTEST = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
 def test_patch_that_edits_tests_does_not_resolve(tmp_path, source):
     src, base = source
     s = Session(tmp_path, src)
+    s.edit("calc/__init__.py", *PARTIAL)
     s.edit("tests/test_calc.py", "assert mul(3, 4) == 12", "assert mul(3, 4) == 7")
-    s.edit("tests/test_calc.py", "assert mul(5, 0) == 0", "assert mul(5, 0) == 5")
-    # by default the test files the instance names are restored from the base commit
+    # by default the test files the instance names, and their test directory, come from the base commit
     g = grade(s, src, base)
     assert g.reward == 0.0 and not g.details["resolved"]
     assert g.metadata["patch_touches_tests"] == ["tests/test_calc.py"]
+    assert g.metadata["excluded_from_patch"] == ["tests/test_calc.py"] and g.metadata["test_dirs"] == ["tests"]
     assert g.tests["tests/test_calc.py::test_mul"] == "FAILED"
-    # a conftest that turns every failure into a pass: gone when the test directory is protected
-    s.write("tests/conftest.py", CONFTEST)
-    g = grade(s, src, base, test_files=["tests"])
-    assert g.reward == 0.0 and not g.details["resolved"]
-    assert sorted(g.metadata["patch_touches_tests"]) == ["tests/conftest.py", "tests/test_calc.py"]
-    assert g.tests["tests/test_calc.py::test_mul"] == "FAILED"
-    # (unprotected, it is at least flagged)
+    # a patch of nothing but tests: nothing left to apply, 0 without running them
+    s2 = Session(tmp_path, src, "s2")
+    s2.edit("tests/test_calc.py", "assert mul(3, 4) == 12", "assert mul(3, 4) == 7")
+    s2.write("tests/conftest.py", CONFTEST)
+    g = grade(s2, src, base)
+    assert g.reward == 0.0 and g.details["empty_patch"] and not g.tests
+    assert g.metadata["excluded_from_patch"] == ["tests/conftest.py", "tests/test_calc.py"]
+
+
+# Ways a patch can make every test pass without fixing anything: a conftest.py next to the tests
+# or at the root, or pytest options in any of its config files loading a plugin the patch adds
+# as ordinary source (calc/hack.py, which the grader keeps: inert without the config).
+HACKS = {
+    "tests/conftest.py": {"tests/conftest.py": CONFTEST},
+    "conftest.py": {"conftest.py": CONFTEST},
+    "pytest.ini": {"pytest.ini": "[pytest]\naddopts = -p calc.hack\n", "calc/hack.py": CONFTEST},
+    "pyproject.toml": {"pyproject.toml": '[tool.pytest.ini_options]\naddopts = "-p calc.hack"\n',
+                       "calc/hack.py": CONFTEST},
+    "setup.cfg": {"setup.cfg": "[metadata]\nname = calc\n\n[tool:pytest]\naddopts = -p calc.hack\n",
+                  "calc/hack.py": CONFTEST},
+    "tox.ini": {"tox.ini": "[pytest]\naddopts = -p calc.hack\n", "calc/hack.py": CONFTEST},
+}
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_patch_forcing_tests_to_pass_does_not_resolve(tmp_path, source, hack):
+    src, base = source
+    s = Session(tmp_path, src)
+    s.edit("calc/__init__.py", *PARTIAL)
+    for rel, text in HACKS[hack].items():
+        s.write(rel, text)
+    cmd = f"{sys.executable} -m pytest -rA -p no:cacheprovider tests"
+    # the hack works where it is not guarded: the live runtime says everything passes
+    live = load_grader("test_runner", {"command": cmd, "repo_dir": "repo"}).grade(TRAJ, s.context())
+    assert live.reward == 1.0 and live.tests["tests/test_calc.py::test_mul"] == "PASSED"
     g = grade(s, src, base)
-    assert g.metadata["patch_touches_test_config"] == ["tests/conftest.py"]
+    assert g.reward == 0.0 and not g.details["resolved"] and not g.passed
+    assert g.metadata["excluded_from_patch"] == [hack]
+    assert g.tests["tests/test_calc.py::test_mul"] == "FAILED"
+    assert g.tests["tests/test_calc.py::test_mul_zero"] == "PASSED"  # the rest of the patch was applied
+    # test_runner in a fresh runtime: the same, with no test_files configured
+    fresh = load_grader("test_runner", {"command": cmd, "repo_dir": "repo", "fresh": True, "repo_source": str(src),
+                                        "base_commit": base}).grade(TRAJ, s.context())
+    assert fresh.reward == 0.0 and fresh.metadata["excluded_from_patch"] == [hack]
+    assert fresh.tests["tests/test_calc.py::test_mul"] == "FAILED"
+    if hack == "conftest.py":  # the opt-out, for tasks whose agents are meant to write test config
+        g = grade(s, src, base, exclude_test_config=False)
+        assert g.reward == 1.0 and g.metadata["excluded_from_patch"] == []
+
+
+def test_legitimate_fix_with_other_files_resolves(tmp_path, source):
+    """A real fix spread over several non-test files is applied whole; a conftest.py elsewhere
+    (docs/) is dropped and listed, and that does not cost the fix anything."""
+    src, base = source
+    s = Session(tmp_path, src)
+    s.edit("calc/__init__.py", "return a + b  # BUG", "return _mul(a, b)")
+    s.edit("calc/__init__.py", "def add(a, b):", "from calc.helpers import _mul\n\n\ndef add(a, b):")
+    s.write("calc/helpers.py", "def _mul(a, b):\n    return a * b\n")
+    s.write("README.md", "calc: now multiplies\n")
+    s.write("docs/conftest.py", "collect_ignore = ['build']\n")
+    g = grade(s, src, base)
+    assert g.reward == 1.0 and g.passed and g.details["resolved"]
+    assert sorted(g.metadata["patch"]["files"]) == ["README.md", "calc/__init__.py", "calc/helpers.py",
+                                                    "docs/conftest.py"]
+    assert g.metadata["excluded_from_patch"] == ["docs/conftest.py"]
+    assert g.metadata["patch_touches_test_config"] == ["docs/conftest.py"]
+    assert "patch_touches_tests" not in g.metadata
 
 
 def test_swe_gym_shape_eval_command_and_test_patch(tmp_path, source):

@@ -14,7 +14,9 @@ and the counts are updated:
 Infrastructure errors (Grade.status "error") are not attempts (they are counted as `errors`).
 Recording is idempotent per session (a postrun redone after a worker died adds nothing) and safe
 across worker processes (an flock around append + counts). The trajectory itself is stored as
-usual either way, with `metadata["sft"] = "accepted" | "rejected" | "error"`.
+usual either way, with `metadata["sft"] = "accepted" | "rejected" | "error"` (the postrun stage
+sets it from `record`'s answer) and `metadata["sft_file"]` (the SFT file's path on the worker; set by
+`record`), which `polar-mq results ID --format sft` uses to export the accepted rows and counts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from ..model import Trajectory
 from .base import ERROR, Grade
@@ -59,12 +61,35 @@ def read_stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {"attempted": 0, "accepted": 0, "acceptance_rate": 0.0, "errors": 0, "rows": 0, "sessions": {}}
 
 
+def summarize(verdicts: Iterable[str | None]) -> dict[str, Any]:
+    """attempted / accepted / errors / acceptance_rate of "accepted" | "rejected" | "error" verdicts
+    (errors are not attempts; anything else is ignored)."""
+    values = [v for v in verdicts if v in ("accepted", "rejected", "error")]
+    attempted = sum(v != "error" for v in values)
+    accepted = values.count("accepted")
+    return {"attempted": attempted, "accepted": accepted, "errors": values.count("error"),
+            "acceptance_rate": round(accepted / attempted, 4) if attempted else 0.0}
+
+
+def offline_sft_rows(trajectories: Iterable[Trajectory], roles: Iterable[str] | None = None
+                     ) -> Iterator[dict[str, Any]]:
+    """The SFT file's rows for trajectories (as `record` writes them: `sft_rows` plus instance_id,
+    taken from the grade in the trajectory's metadata when there is no Grade at hand)."""
+    from ..export import sft_rows
+
+    for traj in trajectories:
+        instance_id = (((traj.metadata or {}).get("grade") or {}).get("metadata") or {}).get("instance_id")
+        for row in sft_rows([traj], roles=roles):
+            yield {**row, "instance_id": instance_id}
+
+
 def record(path: str | os.PathLike[str], traj: Trajectory, grade: Grade, *, threshold: float = 1.0,
            roles: list[str] | None = None) -> str:
     """Record one graded trajectory; returns "accepted", "rejected" or "error"."""
     from ..export import sft_rows
 
     path = Path(path)
+    traj.metadata["sft_file"] = os.path.abspath(path)
     verdict = "error" if grade.status == ERROR else ("accepted" if grade.is_passing(threshold) else "rejected")
     with _locked(path):
         stats = read_stats(path)
@@ -82,10 +107,7 @@ def record(path: str | os.PathLike[str], traj: Trajectory, grade: Grade, *, thre
         elif not path.exists():
             path.touch()
         sessions[traj.session_id] = verdict
-        values = list(sessions.values())
-        stats.update(attempted=sum(v != "error" for v in values), accepted=values.count("accepted"),
-                     errors=values.count("error"), rows=int(stats.get("rows", 0)) + len(rows))
-        stats["acceptance_rate"] = round(stats["accepted"] / stats["attempted"], 4) if stats["attempted"] else 0.0
+        stats.update(summarize(sessions.values()), rows=int(stats.get("rows", 0)) + len(rows))
         tmp = stats_path(path).with_suffix(".tmp")
         tmp.write_text(json.dumps(stats, indent=1))
         tmp.replace(stats_path(path))

@@ -4,12 +4,26 @@ the optional extra `pip install polar_mq[swebench]`).
 
 Steps: `git diff` of the repository in the session runtime against the base commit (caches and
 binaries excluded) → empty diff: reward 0, no tests run → a fresh runtime from the same image
-(`local` backend: a fresh copy of `repo_source`) → `git apply`, else `patch --fuzz=5` → the test
-files are restored from the base commit (the agent's edits of tests are never run) → the eval
+(`local` backend: a fresh copy of `repo_source`) → the patch without the files it may not change
+(below) → `git apply`, else `patch --fuzz=5` → the test files and test directories are restored
+from the base commit (the agent's edits of tests are never run) → the eval
 script, whose output is delimited by `>>>>> Start Test Output` / `>>>>> End Test Output` →
 `swebench.harness.grading.get_eval_report`. Resolved (reward 1.0) only when every FAIL_TO_PASS
 test passes and every PASS_TO_PASS test stays green; per-test statuses are kept in `Grade.tests`
 and the FAIL_TO_PASS / PASS_TO_PASS success/failure lists in `details["tests_status"]`.
+
+What the agent's patch may not change (dropped before it is applied, listed in
+`Grade.metadata["excluded_from_patch"]`; the rest of the patch is applied as it is):
+  - files under the protected test paths (`test_files`, see below) and under their test
+    directories: the outermost ancestor named test / tests / testing of each protected file
+    (`pkg/tests/test_x.py` → all of `pkg/tests/`), so a conftest.py, helper or __init__.py the
+    agent adds or edits there never exists in the fresh runtime;
+  - test-configuration files anywhere in the repository: conftest.py, pytest.ini, .pytest.ini,
+    pytest.toml, tox.ini, setup.cfg, pyproject.toml, sitecustomize.py, usercustomize.py, *.pth
+    (whole files: pytest takes options such as `addopts = -p plugin` from them, and they declare
+    plugins and entry points). `exclude_test_config: false` keeps them (only for tasks whose
+    agents are meant to edit test configuration).
+A patch left empty by this scores 0 without running the tests (`details["empty_patch"]`).
 
 Config (`grader.config`):
   instance      the dataset row: instance_id, repo, base_commit, FAIL_TO_PASS, PASS_TO_PASS,
@@ -22,8 +36,9 @@ Config (`grader.config`):
   repo_source   host path of the pristine repository (`local` backend's fresh runtime)
   test_files    paths (files or directories) restored from the base commit before the eval; new
                 files under them are deleted (default: the files test_patch touches and the
-                `path.py` of `path.py::test` ids in FAIL_TO_PASS / PASS_TO_PASS). Set it to the
-                test directories (["tests"]) so an added conftest.py is removed too.
+                `path.py` of `path.py::test` ids in FAIL_TO_PASS / PASS_TO_PASS); their test
+                directories are guarded as above
+  exclude_test_config  drop test-configuration files from the patch (default true)
   timeout       seconds for the eval script (capped by the grading budget)
   exclude, git, patch, rerun_prepare, keep_fresh: see workspace.py
 """
@@ -31,14 +46,14 @@ Config (`grader.config`):
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from typing import Any
 
 from ..model import Trajectory
 from .base import Grade, Grader, InfraError
-from .workspace import (GRADE_DIR, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
-                        patch_files, restore_paths, session_workspace, task_runtime_spec)
+from .workspace import (GRADE_DIR, TEST_CONFIG, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
+                        guard_patch, patch_files, restore_dirs, restore_paths, session_workspace,
+                        task_runtime_spec)
 
 SWEBENCH_VERSION = "5.0.2"
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
@@ -46,7 +61,8 @@ INSTANCE_FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", 
                    "version", "FAIL_TO_PASS", "PASS_TO_PASS", "environment_setup_commit", "eval_script",
                    "log_parser", "eval_type", "image", "image_assets")
 _KEYS = set(INSTANCE_FIELDS) | {"instance", "eval_command", "repo_dir", "repo_source", "test_files", "timeout",
-                                "exclude", "git", "patch", "rerun_prepare", "keep_fresh"}
+                                "exclude", "git", "patch", "rerun_prepare", "keep_fresh",
+                                "exclude_test_config"}
 
 
 def swebench_available() -> str | None:
@@ -77,10 +93,6 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return list(json.loads(value)) if value.strip() else []
     return list(value)
-
-
-TEST_CONFIG = re.compile(r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|"
-                         r"sitecustomize\.py|usercustomize\.py|[^/]*\.pth)$")
 
 
 def default_test_files(inst: dict[str, Any]) -> list[str]:
@@ -145,16 +157,24 @@ class SWEBenchGrader(Grader):
             meta["patch_touches_tests"] = touched  # restored below: never run the agent's tests
         config_files = [f for f in info["files"] if TEST_CONFIG.search(f) and f not in touched]
         if config_files:
-            meta["patch_touches_test_config"] = config_files  # kept, but worth a look
+            meta["patch_touches_test_config"] = config_files
+        kept, excluded, guards = guard_patch(patch, protected, cfg.get("exclude_test_config", True))
+        meta["excluded_from_patch"] = excluded
+        meta["test_dirs"] = guards
+        if not kept.strip():  # nothing left but tests / test configuration
+            return Grade(0.0, {"resolved": False, "empty_patch": True, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p},
+                         passed=False, metadata=meta)
 
         with fresh_workspace(context, cfg) as ws:
-            applied = apply_patch(ws, patch, repo_dir, git, cfg.get("patch") or "patch")
+            applied = apply_patch(ws, kept, repo_dir, git, cfg.get("patch") or "patch")
             meta["patch"].update(applied=applied["applied"], method=applied["method"])
             if not applied["applied"]:
                 cleanup_scratch(ws)
                 return Grade(0.0, {"resolved": False, "patch_apply_failed": True,
                                    "apply_output": applied["output"][-1000:]}, passed=False, metadata=meta)
-            restore_paths(ws, protected, repo_dir, base, git)
+            restore_paths(ws, list(dict.fromkeys(protected + [e for e in excluded if not e.startswith("<")])),
+                          repo_dir, base, git)
+            restore_dirs(ws, guards, repo_dir, base, git)
             spec_row = self._spec_row(iid, context, base, protected)
             spec = make_test_spec(spec_row)
             ws.upload_text(spec.eval_script, f"{GRADE_DIR}/eval.sh")
@@ -174,7 +194,7 @@ class SWEBenchGrader(Grader):
             grade.tests, grade.metadata = dict(statuses), meta
             return grade
         report = get_eval_report(spec, {"instance_id": iid, "model_name_or_path": "polar_mq",
-                                        "model_patch": patch}, log_path, include_tests_status=True)[iid]
+                                        "model_patch": kept}, log_path, include_tests_status=True)[iid]
         if not found and report.get("infra_failure"):
             return Grade.error(f"eval environment failure: {report.get('infra_failure_reason')}",
                                report=report)

@@ -10,8 +10,15 @@ Config (`grader.config`):
   env           extra environment for the command
   timeout       seconds for the command (capped by the grading budget)
   fresh         true: grade in a fresh runtime with the agent's `git diff` applied, so edits the
-                agent made outside the diff (caches, other state) are not trusted
+                agent made outside the diff (caches, other state) are not trusted. Never applied
+                from the diff (listed in `Grade.metadata["excluded_from_patch"]`): files under
+                `test_files` and under their test directories (the outermost ancestor named
+                test / tests / testing of each: `tests/test_x.py` guards all of `tests/`), and
+                test-configuration files anywhere (conftest.py, pytest.ini, tox.ini, setup.cfg,
+                pyproject.toml, sitecustomize.py, usercustomize.py, *.pth: see swebench.py)
   test_files    (fresh) paths restored from `base_commit` after the patch is applied
+  exclude_test_config  (fresh) drop test-configuration files from the diff (default true; false
+                for tasks whose agents are meant to write conftest.py / pytest config)
   base_commit, repo_source, rerun_prepare, keep_fresh, exclude, git, patch: see workspace.py
 """
 
@@ -23,11 +30,12 @@ from typing import Any
 from ..model import Trajectory
 from . import parsing
 from .base import Grade, Grader, InfraError
-from .workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
-                        restore_paths, session_workspace)
+from .workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace, guard_patch,
+                        restore_dirs, restore_paths, session_workspace)
 
 _KEYS = {"command", "repo_dir", "format", "junit_xml", "reward", "expected", "env", "timeout", "fresh",
-         "test_files", "base_commit", "repo_source", "rerun_prepare", "keep_fresh", "exclude", "git", "patch"}
+         "test_files", "base_commit", "repo_source", "rerun_prepare", "keep_fresh", "exclude", "git", "patch",
+         "exclude_test_config"}
 
 
 class TestRunnerGrader(Grader):
@@ -57,8 +65,11 @@ class TestRunnerGrader(Grader):
         base = cfg.get("base_commit") or "HEAD"
         git = cfg.get("git") or "git"
         patch, info = extract_diff(live, repo_dir, base, cfg.get("exclude") or (), git)
+        protected = list(cfg.get("test_files") or [])
+        patch, excluded, guards = guard_patch(patch, protected, cfg.get("exclude_test_config", True))
         with fresh_workspace(context, cfg) as ws:
-            meta: dict[str, Any] = {"runtime": "fresh", "patch": info}
+            meta: dict[str, Any] = {"runtime": "fresh", "patch": info, "excluded_from_patch": excluded,
+                                    "test_dirs": guards}
             if patch.strip():
                 applied = apply_patch(ws, patch, repo_dir, git, cfg.get("patch") or "patch")
                 meta["patch"].update(applied=applied["applied"], method=applied["method"])
@@ -66,7 +77,9 @@ class TestRunnerGrader(Grader):
                     cleanup_scratch(ws)
                     return Grade(0.0, {"patch_apply_failed": True, "apply_output": applied["output"][-1000:]},
                                  passed=False, metadata=meta)
-            restore_paths(ws, list(cfg.get("test_files") or []), repo_dir, base, git)
+            restore_paths(ws, list(dict.fromkeys(protected + [e for e in excluded if not e.startswith("<")])),
+                          repo_dir, base, git)
+            restore_dirs(ws, guards, repo_dir, base, git)
             cleanup_scratch(ws)
             return self._run(ws, context, meta)
 

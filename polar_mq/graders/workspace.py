@@ -8,8 +8,11 @@
   (the agent's git state is not touched), untracked files included, caches/build outputs and
   binary files excluded.
 - `apply_patch`: `git apply`, then `patch --fuzz` as the fallback.
+- `guard_patch`: the part of the agent's patch a fresh runtime applies: nothing under protected
+  test paths or their test directories, no test-configuration file (conftest.py, pytest.ini, ...).
 - `restore_paths`: put protected files (tests) back as they are at the base commit, deleting files
-  the agent added under them, so grading never runs the agent's edits of the tests.
+  the agent added under them, so grading never runs the agent's edits of the tests;
+  `restore_dirs`: the guarded test directories' tracked files back as at the base commit.
 
 Every command runs under the grading budget (`context["deadline"]`); a command that outlives it
 raises GraderTimeout. Problems that are not the agent's fault raise InfraError.
@@ -239,16 +242,129 @@ exit $rc
                    "binaries_excluded": binaries}
 
 
-_DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.M)
 _PLUS_FILE = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.M)
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", '"': '"', "\\": "\\"}
+
+
+def _unquote(path: str) -> str:
+    """A path as git prints it: C-quoted ("a\\tb", octal escapes for bytes) or plain."""
+    if not (len(path) >= 2 and path[0] == path[-1] == '"'):
+        return path
+    body, out, i = path[1:-1], bytearray(), 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt in "01234567" and i + 3 < len(body) + 1 and all(c in "01234567" for c in body[i + 1:i + 4]):
+                out.append(int(body[i + 1:i + 4], 8))
+                i += 4
+                continue
+            out += _ESCAPES.get(nxt, nxt).encode()
+            i += 2
+            continue
+        out += ch.encode()
+        i += 1
+    return out.decode("utf-8", errors="surrogateescape")
+
+
+def _header_path(line: str) -> str | None:
+    """The path of a `diff --git a/P b/P` header (no renames: both sides name the same file)."""
+    rest = line[len("diff --git "):].rstrip("\n")
+    if rest.startswith('"'):
+        m = re.match(r'("(?:[^"\\]|\\.)*")', rest)
+        return _unquote(m.group(1))[2:] if m else None
+    if rest.startswith("a/") and (len(rest) - 5) % 2 == 0:
+        n = (len(rest) - 5) // 2
+        a, b = rest[2:2 + n], rest[2 + n:]
+        if b == " b/" + a:
+            return a
+    m = re.match(r"a/(\S+) b/(\S+)$", rest)
+    return m.group(2) if m else None
+
+
+def _chunk_path(chunk: str) -> str | None:
+    """The path one file's part of a diff touches (its `+++`/`---` lines, else the header)."""
+    plus = minus = None
+    for line in chunk.splitlines():
+        if line.startswith("+++ ") and plus is None:
+            plus = line[4:].split("\t", 1)[0]
+        elif line.startswith("--- ") and minus is None:
+            minus = line[4:].split("\t", 1)[0]
+        elif line.startswith("@@"):
+            break
+    for side, prefix in ((plus, "b/"), (minus, "a/")):
+        if side and side != "/dev/null":
+            side = _unquote(side)
+            return side[len(prefix):] if side.startswith(prefix) else side
+    return _header_path(chunk.split("\n", 1)[0]) if chunk.startswith("diff --git ") else None
+
+
+def split_patch(patch: str) -> list[tuple[str | None, str]]:
+    """A git diff split per file: [(path or None when unreadable, the file's part of the diff)].
+    Text before the first `diff --git` header (a plain unified diff) is one part."""
+    parts: list[str] = []
+    for line in (patch or "").splitlines(keepends=True):
+        if line.startswith("diff --git ") or not parts:
+            parts.append(line)
+        else:
+            parts[-1] += line
+    return [(_chunk_path(part), part) for part in parts if part.strip()]
 
 
 def patch_files(patch: str) -> list[str]:
     """Paths a unified diff touches."""
-    files = [m.group(2) for m in _DIFF_GIT.finditer(patch or "")]
-    if not files:
-        files = [f for f in (m.group(1) for m in _PLUS_FILE.finditer(patch or "")) if f != "/dev/null"]
-    return list(dict.fromkeys(files))
+    if "diff --git " not in (patch or ""):
+        return list(dict.fromkeys(f for f in (m.group(1) for m in _PLUS_FILE.finditer(patch or ""))
+                                  if f != "/dev/null"))
+    return list(dict.fromkeys(path for path, _ in split_patch(patch) if path))
+
+
+# Files that configure the test run (pytest's config files and plugins, Python start-up hooks):
+# never taken from the agent's patch when grading in a fresh runtime.
+TEST_CONFIG = re.compile(r"(^|/)(conftest\.py|\.?pytest\.ini|\.?pytest\.toml|tox\.ini|setup\.cfg|"
+                         r"pyproject\.toml|sitecustomize\.py|usercustomize\.py|[^/]*\.pth)$")
+TEST_DIR_NAMES = frozenset({"test", "tests", "testing"})
+
+
+def _under(path: str, root: str) -> bool:
+    root = root.strip("/")
+    return root in ("", ".") or path == root or path.startswith(root + "/")
+
+
+def test_dirs(protected: list[str]) -> list[str]:
+    """The directories guarded for protected test paths: for each, its outermost ancestor named
+    test / tests / testing (`sympy/core/tests/test_x.py` → `sympy/core/tests`, `tests/a/test_x.py`
+    → `tests`). A test file outside such a directory (`test_x.py` at the root, `pkg/test_x.py`
+    next to the code) guards only itself: its directory also holds the code being fixed."""
+    dirs = []
+    for path in protected:
+        parts = path.strip("/").split("/")[:-1]
+        for i, part in enumerate(parts):
+            if part in TEST_DIR_NAMES:
+                dirs.append("/".join(parts[:i + 1]))
+                break
+    return list(dict.fromkeys(dirs))
+
+
+def guard_patch(patch: str, protected: list[str], exclude_test_config: bool = True
+                ) -> tuple[str, list[str], list[str]]:
+    """The part of the agent's patch a fresh runtime may apply: drops every file under a protected
+    path or under a guarded test directory (`test_dirs`), and (with `exclude_test_config`) every
+    test-configuration file anywhere (TEST_CONFIG: conftest.py, pytest.ini, tox.ini, setup.cfg,
+    pyproject.toml, sitecustomize.py, usercustomize.py, *.pth). Whole files are dropped: pytest
+    reads options (addopts -p plugin, ...) from any section of those files and they declare
+    plugins and entry points, so no hunk of them is trusted. A part whose path cannot be read is
+    dropped too. Returns (kept patch, excluded paths, guarded directories)."""
+    guards = test_dirs(protected)
+    roots = [p for p in list(protected) + guards if p.strip("/") not in ("", ".")]
+    kept, excluded = [], []
+    for path, part in split_patch(patch):
+        if (path is None or any(_under(path, r) for r in roots)
+                or (exclude_test_config and TEST_CONFIG.search(path))):
+            excluded.append(path if path is not None else "<unreadable diff header>")
+        else:
+            kept.append(part)
+    return "".join(kept), list(dict.fromkeys(excluded)), guards
 
 
 def apply_patch(ws: Workspace, patch: str, repo_dir: str = ".", git: str = "git",
@@ -301,6 +417,26 @@ def restore_paths(ws: Workspace, paths: list[str], repo_dir: str = ".", base: st
         raise InfraError(f"git ({git}) is not available in the fresh runtime")
     if result.exit_code != 0:
         raise InfraError(f"could not restore protected paths {paths}: {result.output_tail[-300:]}")
+
+
+def restore_dirs(ws: Workspace, dirs: list[str], repo_dir: str = ".", base: str = "HEAD",
+                 git: str = "git") -> None:
+    """Tracked files under `dirs` back as they are at `base` (nothing is deleted: the agent's
+    files there were dropped from the patch, build outputs the image put there stay)."""
+    if not dirs:
+        return
+    g = shlex.quote(git)
+    lines = [f"cd -- {shlex.quote(repo_dir)} || exit {NO_REPO}",
+             f"command -v {g} >/dev/null 2>&1 || exit {NO_GIT}"]
+    for path in dirs:
+        spec = shlex.quote(f"{base}:{path.rstrip('/')}")
+        lines.append(f"if {g} cat-file -e {spec} 2>/dev/null; then "
+                     f"{g} checkout {shlex.quote(base)} -- {shlex.quote(path)} || exit 1; fi")
+    result = ws.run("\n".join(lines), "restore-dirs", timeout=300)
+    if result.exit_code == NO_GIT:
+        raise InfraError(f"git ({git}) is not available in the fresh runtime")
+    if result.exit_code != 0:
+        raise InfraError(f"could not restore test directories {dirs}: {result.output_tail[-300:]}")
 
 
 def cleanup_scratch(ws: Workspace) -> None:
