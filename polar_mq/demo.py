@@ -8,7 +8,6 @@ prints what the gateway captured.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -164,8 +163,8 @@ def _pipeline(console, api_url: str, out_dir: Path) -> int:
                       str(stats.get("calls", "-")), str(stats.get("traces", "-")),
                       str(stats.get("delivered_fraction", "-")), str(traj.get("reward", "-")))
     console.print(table)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{sub['task_id']}.jsonl"
+    out = out_dir / sub["task_id"] / "traces.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
     rows = write_jsonl(token_rows(results), out)
     console.print(f"results: {rows} trace rows written to [bold]{out}[/] "
                   f"(also: polar-mq results {sub['task_id']} --format parquet --out FILE)")
@@ -186,7 +185,10 @@ def main() -> int:
     try:
         console.print("[bold]polar_mq demo[/] (embedded defaults, no GPU)\n" + stack.describe())
         failures = _gateway_round_trips(console, stack.gateway_url)
-        failures += _pipeline(console, stack.api_url, Path(tempfile.gettempdir()) / "polar_mq-demo-results")
+        from .settings import PipelineSettings
+
+        # Next to the per-session result files the postrun workers write (a per-user directory).
+        failures += _pipeline(console, stack.api_url, Path(PipelineSettings.from_env().results_dir))
         return 1 if failures else 0
     finally:
         stack.stop()
