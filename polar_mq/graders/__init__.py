@@ -25,11 +25,11 @@ Config keys every grader accepts (taken out before the grader sees its config):
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
 from typing import Any
 
 from ..model import Trajectory
+from ..plugins import import_object
 from .base import DEFAULT_TIMEOUT, ERROR, OK, TIMEOUT, Grade, Grader, GraderTimeout, InfraError
 
 ENTRY_POINT_GROUP = "polar_mq.graders"
@@ -65,14 +65,6 @@ def register(name: str, cls: Any) -> None:
     _REGISTERED[name] = cls
 
 
-def _import(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _entry_point(name: str) -> Any | None:
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
@@ -92,11 +84,11 @@ def resolve(strategy: str) -> Any:
     if strategy in _REGISTERED:
         return _REGISTERED[strategy]
     if strategy in _BUILTIN:
-        return _import(_BUILTIN[strategy])
+        return import_object(_BUILTIN[strategy])
     if ":" in strategy:
         try:
-            return _import(strategy)
-        except (ImportError, AttributeError) as exc:
+            return import_object(strategy)
+        except ValueError as exc:
             raise ValueError(f"grader {strategy!r} could not be loaded: {exc}") from exc
     cls = _entry_point(strategy)
     if cls is not None:

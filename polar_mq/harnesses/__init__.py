@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
+from ..plugins import import_object
 from .base import Harness, HarnessContext, Launch, session_env
 
 _HARNESSES = {
@@ -21,8 +20,7 @@ def get_harness(name: str) -> Harness:
     target = _HARNESSES.get(name)
     if target is None:
         raise ValueError(f"harness {name!r} has no launcher yet (available: {', '.join(sorted(_HARNESSES))})")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return import_object(target)()
 
 
 __all__ = ["Harness", "HarnessContext", "Launch", "get_harness", "session_env"]

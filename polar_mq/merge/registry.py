@@ -3,7 +3,6 @@ maps to code in one place: built-ins by name, custom builders by ``module:Class`
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,6 +13,7 @@ from polar_mq.merge.prefix_merging import PrefixMergingBuilder
 from polar_mq.merge.records import as_record, prepare
 from polar_mq.merge.stats import base_stats
 from polar_mq.model import CaptureRecord, Trajectory
+from polar_mq.plugins import import_object
 
 _BUILDERS: dict[str, type] = {
     PerRequestBuilder.name: PerRequestBuilder,
@@ -39,15 +39,10 @@ def _load(name_or_path: str) -> type:
     if ":" not in name_or_path:
         raise ValueError(f"unknown builder {name_or_path!r}; use one of "
                          f"{', '.join(available_builders())} or 'module:Class'")
-    module_name, _, attr = name_or_path.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"builder {name_or_path!r}: cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"builder {name_or_path!r}: {module_name!r} has no attribute {attr!r}")
+        obj = import_object(name_or_path)
+    except ValueError as exc:
+        raise ValueError(f"builder {name_or_path!r}: {exc}") from None
     if not isinstance(obj, type) or not callable(getattr(obj, "build", None)):
         raise ValueError(f"builder {name_or_path!r}: not a class with a build() method")
     return obj

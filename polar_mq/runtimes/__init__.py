@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..plugins import import_object
 from .base import ExecResult, Runtime
 
 _FACTORIES = {
@@ -13,14 +14,11 @@ _FACTORIES = {
 
 
 def get_runtime(backend: str) -> Runtime:
-    import importlib
-
     target = _FACTORIES.get(backend)
     if target is None:
         raise ValueError(f"runtime backend {backend!r} is not available here "
                          f"(available: {', '.join(sorted(_FACTORIES))})")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return import_object(target)()
 
 
 __all__ = ["ExecResult", "Runtime", "get_runtime"]
