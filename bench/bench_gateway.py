@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.up import wait_http  # noqa: E402
 
 SYSTEM_80K = ("You are an agent working in a repository. Follow the instructions carefully, use the "
               "tools provided, and report what you changed. ") * 600  # ~80 KB
@@ -41,18 +42,12 @@ SYSTEM_80K = ("You are an agent working in a repository. Follow the instructions
 def spawn(args: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(args, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})}, start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{args[:4]} exited; see {log}")
-        try:
-            if requests.get(health, timeout=1).status_code < 500:
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"{health} not ready; see {log}")
+    try:
+        wait_http(health, proc, timeout=180)
+    except RuntimeError as exc:
+        proc.kill()
+        raise SystemExit(f"{exc}; see {log}") from None
+    return proc
 
 
 def timed(fn: Callable[[], requests.Response], n: int, warmup: int = 5) -> list[float]:

@@ -28,18 +28,20 @@ class Child:
     proc: subprocess.Popen
 
 
-def _wait_http(url: str, child: Child, timeout: float = 120.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    """Poll `url` until it answers below 500; RuntimeError if `proc` exits or time runs out."""
     deadline = time.time() + timeout
+    last: Exception | None = None
     while time.time() < deadline:
-        if child.proc.poll() is not None:
-            raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
         try:
             if requests.get(url, timeout=1).status_code < 500:
                 return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{child.name} not ready at {url}")
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout:g} s: {last}")
 
 
 class Supervisor:
@@ -135,7 +137,7 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
             ms = sup.spawn("model_server", [py, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
                                             "--port", str(port)])
             upstreams = [f"http://127.0.0.1:{port}"]
-            _wait_http(f"{upstreams[0]}/health", ms)
+            wait_http(f"{upstreams[0]}/health", ms.proc)
         gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", host, "--port", str(gateway_port),
                    "--redis", redis_url]
         for up in upstreams:
@@ -151,8 +153,8 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
             sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
                                  f"--port={flower_port}", f"--address={host}"])
             flower_url = f"http://{host}:{flower_port}"
-        _wait_http(f"{gateway_url}/health", gw)
-        _wait_http(f"{api_url}/health", api)
+        wait_http(f"{gateway_url}/health", gw.proc)
+        wait_http(f"{api_url}/health", api.proc)
     except BaseException:
         sup.stop()
         if embedded:

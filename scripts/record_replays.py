@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from polar_mq.harnesses import configs, install  # noqa: E402
+from polar_mq.up import wait_http  # noqa: E402
 
 REPLAY_KEY = "REPLAY_KEY"
 MODEL = "stand-in"
@@ -199,17 +200,10 @@ class RecordingProxy:
 # Stack: stand-in model server + gateway (embedded Redis)
 # ------------------------------------------------------------------------------------------
 def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if requests.get(url, timeout=1).status_code < 500:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout}s")
+    try:
+        wait_http(url, proc, timeout)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\n{log.read_text(errors='replace')[-3000:]}") from None
 
 
 def start_stack(logdir: Path) -> Tuple[str, List[subprocess.Popen]]:

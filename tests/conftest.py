@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,23 +16,9 @@ import pytest
 import requests
 
 from polar_mq.embedded_redis import free_port, start_embedded
+from polar_mq.up import wait_http  # noqa: F401  (tests import it from here)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
-    deadline = time.time() + timeout
-    last: Exception | None = None
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if requests.get(url, timeout=1).status_code < 500:
-                return
-        except requests.RequestException as exc:
-            last = exc
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout}s: {last}")
 
 
 def stop(proc: subprocess.Popen) -> None:
