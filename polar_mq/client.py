@@ -15,9 +15,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import requests
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .group_stream import GroupStream
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 TERMINAL_STATES = frozenset({"COMPLETED", "ERROR", "TIMEOUT"})
@@ -123,8 +126,36 @@ class Client:
         return self._request("POST", "/v1/admin/pause", params=params,
                              timeout=(wait if wait is not None else 3600) + self.timeout)
 
-    def resume(self) -> dict[str, Any]:
-        return self._request("POST", "/v1/admin/resume")
+    def resume(self, policy_version: int | None = None) -> dict[str, Any]:
+        """Resume generation; with `policy_version`, every call from now on is stamped with it."""
+        body = {} if policy_version is None else {"policy_version": policy_version}
+        return self._request("POST", "/v1/admin/resume", json=body)
+
+    def admin_status(self) -> dict[str, Any]:
+        """Paused or not, in-flight generations per gateway, the current policy_version."""
+        return self._request("GET", "/v1/admin/status")
+
+    # --- groups for trainers --------------------------------------------------------------------
+    def next_groups(self, limit: int = 1, wait: float = 0.0, lease: float = 300.0) -> list[dict[str, Any]]:
+        """Lease up to `limit` finished groups (raw JSON), waiting up to `wait` s for one."""
+        params = {"limit": limit, "wait": wait, "lease": lease}
+        return self._request("GET", "/v1/groups/next", params=params, timeout=wait + self.timeout)["groups"]
+
+    def ack_group(self, task_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Consume a group for good (`reason`: trained, stale, unusable, skipped; counted)."""
+        return self._request("POST", f"/v1/groups/{task_id}/ack", json={"reason": reason} if reason else {})
+
+    def group_stats(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/groups/stats")
+
+    def groups(self, **options: Any) -> "GroupStream":
+        """A streaming iterator of finished groups (`polar_mq.group_stream.GroupStream`): batch,
+        wait, lease, max_staleness, stale="drop"|"keep", policy_version, drop_unusable,
+        drop_uniform_reward, advantages="mean_std"|"leave_one_out", auto_ack, max_groups,
+        idle_timeout."""
+        from .group_stream import GroupStream
+
+        return GroupStream(self, **options)
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")

@@ -77,6 +77,11 @@ class CaptureRecord(Record):
     usage: dict[str, Any] = field(default_factory=dict)
     retry_count: int = 0  # the client's own retry counter (x-stainless-retry-count)
     kind: str = "generation"  # generation | count_tokens (count calls are not recorded today)
+    # The version of the weights that sampled this call (set by `POST /v1/admin/resume
+    # {"policy_version": V}`; None until a version was ever set) and how long a weight-sync
+    # pause held the call before it went upstream (not part of latency_ms).
+    policy_version: int | None = None
+    held_ms: float = 0.0
 
 
 @dataclass
@@ -148,3 +153,37 @@ class SessionRecord(Record):
     reward: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     history: list[list[Any]] = field(default_factory=list)  # [state, unix time, node]
+
+
+@dataclass
+class GroupSession(Record):
+    """One session of a group as the trainer sees it."""
+
+    session_id: str
+    state: str
+    reward: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Group(Record):
+    """A finished task handed to a trainer: its `num_samples` sessions and their trajectories
+    (`GET /v1/groups/next`). `delivery` counts the hand-outs (>1: redelivered after a lease ran
+    out). `stale` and `advantages` are filled in client-side (polar_mq.groups)."""
+
+    _nested: ClassVar[dict[str, type]] = {"sessions": GroupSession, "trajectories": Trajectory}
+
+    task_id: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
+    delivery: int = 1
+    sessions: list[GroupSession] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+    finished_at: float | None = None
+    lease_expires_at: float | None = None
+    stale: bool = False
+    advantages: list[float | None] | None = None  # aligned with `trajectories`
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward if t.status != "ERROR" else None for t in self.trajectories]

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import redis
 
 from . import states
+from .group_queue import GroupQueue
 from .model import SessionRecord, Trajectory
 from .store import Keys, pack, unpack
 from .taskspec import TaskRequest, task_from_dict
@@ -60,6 +61,7 @@ class PipelineStore:
         self._renew = self.r.register_script(_RENEW)
         self._release = self.r.register_script(_RELEASE)
         self._acquire_slot = self.r.register_script(_ACQUIRE_SLOT)
+        self.groups = GroupQueue(self.r, self.keys)
 
     # --- tasks ----------------------------------------------------------------------------------
     def create_task(self, task: TaskRequest) -> tuple[list[str], bool]:
@@ -168,6 +170,8 @@ class PipelineStore:
                         pipe.lpush(self.keys.ready_wakeup(), 1)
                         pipe.lrem(self.keys.ready(), 0, session_id)
                         pipe.hincrby(self.keys.counter(), f"sessions_{new_state.lower()}", 1)
+                        # Atomic with this move: the group is enqueued when its last session ends.
+                        self.groups.queue_finish(pipe, rec.task_id, session_id, now)
                     pipe.execute()
                     return rec
                 except redis.WatchError:

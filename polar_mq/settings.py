@@ -80,6 +80,7 @@ class PipelineSettings:
     callback_retries: int = 8
     callback_backoff: float = 1.0  # seconds, doubled per attempt (capped at 60)
     pause_wait: float = 60.0  # admin pause: how long to wait for in-flight generations
+    gateway_heartbeat_ttl: float = 10.0  # a gateway silent this long is dead: its calls do not block a pause
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -98,6 +99,7 @@ class PipelineSettings:
         s.results_dir = env.get("POLAR_RESULTS_DIR") or s.results_dir
         s.callback_retries = int(env.get("POLAR_CALLBACK_RETRIES") or s.callback_retries)
         s.callback_backoff = _env_float("POLAR_CALLBACK_BACKOFF", s.callback_backoff)
+        s.gateway_heartbeat_ttl = _env_float("POLAR_GATEWAY_HEARTBEAT_TTL", s.gateway_heartbeat_ttl)
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

@@ -83,6 +83,49 @@ class Keys:
     def counter(self) -> str:
         return f"{self.prefix}:metrics"
 
+    # --- groups for trainers (group_queue.py) ----------------------------------------------------
+    def task_terminal(self, task_id: str) -> str:
+        """Sessions of a task that reached a terminal state (the group is done when all are)."""
+        return f"{self.prefix}:task:{task_id}:terminal"
+
+    def group(self, task_id: str) -> str:
+        """Hash: finished_at, delivery, leased_until, acked_at, ack_reason."""
+        return f"{self.prefix}:group:{task_id}"
+
+    def group_prefix(self) -> str:
+        return f"{self.prefix}:group:"
+
+    def groups_pending(self) -> str:
+        """ZSET task_id → finished_at: finished groups ready to hand out, oldest first."""
+        return f"{self.prefix}:groups:pending"
+
+    def groups_leased(self) -> str:
+        """ZSET task_id → lease expiry: groups handed out and not acked yet."""
+        return f"{self.prefix}:groups:leased"
+
+    def groups_wakeup(self) -> str:
+        return f"{self.prefix}:groups:wakeup"
+
+    # --- weight versions and the cluster-wide pause (proxy_app/pause.py, api/admin.py) ------------
+    def policy_version(self) -> str:
+        return f"{self.prefix}:gw:policy_version"
+
+    def gateway_inflight_by_gateway(self) -> str:
+        """Hash gateway id → generations in flight there (the admin pause drains the live ones)."""
+        return f"{self.prefix}:gw:inflight:by_gateway"
+
+    def gateway_heartbeats(self) -> str:
+        """ZSET gateway id → last heartbeat (unix time)."""
+        return f"{self.prefix}:gw:heartbeats"
+
+    def gateway_info(self) -> str:
+        """Hash gateway id → JSON {upstreams, host, pid, started_at}."""
+        return f"{self.prefix}:gw:gateways"
+
+    def upstream_weights(self) -> str:
+        """Hash upstream URL → JSON of what its RL API last reported (weight version, paused)."""
+        return f"{self.prefix}:gw:upstream_weights"
+
 
 def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)

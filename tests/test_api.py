@@ -259,33 +259,42 @@ def test_cancel_errors_registered_sessions_and_flags_running_ones(api, store):
 
 # --- admin pause / resume -----------------------------------------------------------------------
 def test_pause_waits_for_in_flight_then_resume(api, r):
+    from polar_mq.pause_state import PauseState
+
     keys = Keys()
-    r.set(keys.gateway_inflight(), 2)
+    gate = PauseState(r, keys)  # what a live gateway process does: heartbeat, admit, finish
+    gate.heartbeat("gw-test", {"upstreams": []})
+    assert gate.begin("gw-test")[0] and gate.begin("gw-test")[0]
     t0 = time.monotonic()
     body = requests.post(f"{api}/v1/admin/pause", params={"wait": 0.3}, timeout=10).json()
-    assert body == {"paused": True, "in_flight": 2, "drained": False}
+    assert (body["paused"], body["in_flight"], body["drained"]) == (True, 2, False)
+    assert body["in_flight_by_gateway"] == {"gw-test": 2}
     assert 0.25 <= time.monotonic() - t0 < 3
     assert r.exists(keys.gateway_paused())
+    assert gate.begin("gw-test") == (False, None)  # paused: nothing new is admitted
     assert requests.get(f"{api}/v1/admin/pause", timeout=10).json()["paused"] is True
 
     def drain() -> None:
         time.sleep(0.4)
-        r.decr(keys.gateway_inflight())
+        gate.end("gw-test")
         time.sleep(0.2)
-        r.decr(keys.gateway_inflight())
+        gate.end("gw-test")
 
     threading.Thread(target=drain, daemon=True).start()
     t0 = time.monotonic()
     body = requests.post(f"{api}/v1/admin/pause", params={"wait": 20}, timeout=30).json()
     took = time.monotonic() - t0
-    assert body == {"paused": True, "in_flight": 0, "drained": True}
+    assert (body["paused"], body["in_flight"], body["drained"]) == (True, 0, True)
     assert 0.5 <= took < 5
 
     body = requests.post(f"{api}/v1/admin/resume", timeout=10).json()
     assert body["paused"] is False
     assert not r.exists(keys.gateway_paused())
     problem(requests.post(f"{api}/v1/admin/pause", params={"wait": "-1"}, timeout=10), 400)
+    problem(requests.post(f"{api}/v1/admin/pause", params={"mode": "later"}, timeout=10), 400)
+    problem(requests.post(f"{api}/v1/admin/resume", json={"policy_version": "v2"}, timeout=10), 400)
     requests.post(f"{api}/v1/admin/resume", timeout=10)
+    gate.forget("gw-test")
 
 
 # --- health, metrics, openapi -------------------------------------------------------------------

@@ -13,7 +13,7 @@ from ..pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import StoreUnavailable, connect
 from ..taskspec import ValidationError
-from . import admin, ops, routes
+from . import admin, groups, ops, routes
 from .auth import check_bearer
 from .context import EXTENSION, ApiContext
 from .problems import Problem, unavailable, validation
@@ -46,6 +46,7 @@ def create_app(settings: PipelineSettings, *, redis_client: redis.Redis | None =
 
     app.register_blueprint(routes.bp)
     app.register_blueprint(admin.bp)
+    app.register_blueprint(groups.bp)
     app.register_blueprint(ops.bp)
 
     @app.errorhandler(Problem)

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 
 from .. import states
 from ..tasks.celery_app import QUEUES
+from ..pause_state import PauseState
 from .context import ctx
 from .openapi import document
 from .problems import Problem
@@ -78,9 +79,14 @@ def metrics() -> Response:
            [("", len(c.store.slots_held()))])
     metric("polar_mq_ready_capacity", "gauge", "READY buffer capacity",
            [("", c.store.ready_capacity(c.settings.ready_capacity))])
-    inflight = c.redis.get(c.keys.gateway_inflight())
-    metric("polar_mq_gateway_inflight", "gauge", "generations in flight at the gateway",
-           [("", int(inflight) if inflight else 0)])
+    drain = PauseState(c.redis, c.keys).drain()
+    metric("polar_mq_gateway_inflight", "gauge", "generations in flight on live gateways",
+           [("", drain.in_flight)])
+    metric("polar_mq_gateways_live", "gauge", "gateway processes with a recent heartbeat",
+           [("", len(drain.live_gateways))])
+    groups = c.store.groups.stats()
+    metric("polar_mq_groups", "gauge", "finished groups by queue state",
+           [('{state="pending"}', groups["pending"]), ('{state="leased"}', groups["leased"])])
     metric("polar_mq_gateway_paused", "gauge", "1 when the gateway is paused",
            [("", 1 if c.redis.exists(c.keys.gateway_paused()) else 0)])
     return Response("\n".join(lines) + "\n", mimetype="text/plain",

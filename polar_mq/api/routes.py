@@ -135,7 +135,9 @@ def task_status(task_id: str) -> Response:
     c = ctx()
     stored = _task_or_404(task_id)
     records = c.store.get_sessions(c.store.session_ids(task_id))
-    return jsonify(views.task_status(task_id, stored, records, cancelled=c.store.is_cancelled(task_id)))
+    body = views.task_status(task_id, stored, records, cancelled=c.store.is_cancelled(task_id))
+    body["request"] = stored.get("spec")  # the TaskRequest as stored
+    return jsonify(body)
 
 
 @bp.get("/v1/tasks/<task_id>/results")

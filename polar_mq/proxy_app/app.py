@@ -24,10 +24,12 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ..model import CaptureRecord
+from ..pause_state import PauseState
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable, connect
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
+from .pause import PauseGate
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
@@ -74,8 +76,8 @@ class Gateway:
         self.recorder = Recorder(store, spool)
         self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="upstream")
         self._served_model = settings.served_model
-        self._paused = False
-        self._pause_checked = 0.0
+        self.pause = PauseGate(PauseState(store.r, store.keys), max_hold=settings.pause_max_hold,
+                               info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
         # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
         # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
         self.passthrough = settings.stream_passthrough
@@ -117,41 +119,17 @@ class Gateway:
             body["tools"] = req.tools
         return body
 
-    def paused(self) -> bool:
-        """The weight-sync pause flag, read from Redis at most every 0.2 s (hot path)."""
-        now = time.monotonic()
-        if now - self._pause_checked > 0.2:
-            try:
-                self._paused = self.store.paused()
-            except StoreUnavailable:
-                pass
-            self._pause_checked = now
-        return self._paused
-
-    def hold_while_paused(self, record: CaptureRecord) -> None:
-        """New generations wait while the trainer syncs weights (bounded: never hang forever)."""
-        if not self.paused():
-            return
-        t0 = time.monotonic()
-        while self.paused() and time.monotonic() - t0 < self.settings.pause_max_hold:
-            time.sleep(0.1)
-        held = time.monotonic() - t0
-        record.notes.append(f"held {held:.1f} s by a weight-sync pause")
-
-    def _inflight(self, delta: int) -> None:
-        try:
-            self.store.inflight_add(delta)
-        except StoreUnavailable:
-            pass
-
     def call(self, record: CaptureRecord, body: dict[str, Any]) -> Outcome:
         """One upstream call, recorded whatever happens. Runs on a worker thread for streams."""
-        self.hold_while_paused(record)
+        result = error = None
+        counted = False
         record.started_at = time.time()
         t0 = time.monotonic()
-        result = error = None
-        self._inflight(1)
         try:
+            # Admitted (counted in flight, stamped with policy_version) or held while paused.
+            counted = self.pause.admit(record)
+            record.started_at = time.time()
+            t0 = time.monotonic()
             result, url = self.pool.chat(body, record.session_id)
             fill_result(record, result, url)
         except GatewayError as exc:
@@ -162,7 +140,7 @@ class Gateway:
             error = GatewayError("internal", f"gateway error: {exc}")
             fill_error(record, error)
         finally:
-            self._inflight(-1)
+            self.pause.release(counted)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
         try:
             self.recorder.save(record)
@@ -199,15 +177,17 @@ class Gateway:
         record is stored, ("finish", result) or ("error", GatewayError). The loop never depends on
         the client: if it goes away the upstream is still read to the end and the call recorded.
         An upstream that cannot stream token ids gets a non-streaming call, replayed as events."""
-        self.hold_while_paused(record)
-        record.started_at = time.time()
-        t0 = time.monotonic()
         result: ChatResult | None = None
         error: GatewayError | None = None
         acc: StreamAccumulator | None = None
         handle = None
-        self._inflight(1)
+        counted = False
+        record.started_at = time.time()
+        t0 = time.monotonic()
         try:
+            counted = self.pause.admit(record)  # held here while paused; the client gets pings
+            record.started_at = time.time()
+            t0 = time.monotonic()
             if not self.passthrough:
                 record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
             elif self.pool.can_stream(record.session_id):
@@ -243,7 +223,7 @@ class Gateway:
         finally:
             if handle is not None:
                 handle.close()
-            self._inflight(-1)
+            self.pause.release(counted)
         if error is not None:
             if acc is not None and acc.started and handle is not None:
                 fill_partial(record, acc.result(), handle.url)
@@ -386,6 +366,7 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
                             connect_timeout=settings.connect_timeout, retries=settings.retries,
                             backoff=settings.retry_backoff, health_interval=settings.health_interval)
     gw = Gateway(settings, store, pool)
+    gw.pause.start()  # heartbeats: a pause's drain counts this process's calls while it lives
     if startup_checks:
         pool.check_all(settings.served_model)
         if settings.check_token_ids and not any(u.token_ids for u in pool.upstreams):

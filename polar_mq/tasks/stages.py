@@ -21,6 +21,7 @@ from ..harnesses import HarnessContext, get_harness
 from ..model import SessionRecord, Trajectory
 from ..runtimes import get_runtime
 from ..taskspec import TaskRequest
+from ..weight_versions import stamp_versions
 from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .lease import Lease, LeaseBusy
@@ -273,6 +274,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
             log.exception("offline SFT recording failed for %s", session_id)
     for trace in traj.traces:
         trace.reward = traj.reward
+    stamp_versions(traj, calls, task.metadata)  # policy_version on trajectory and traces
     traj.status = outcome
     timings = dict(rec.timings)
     traj.metadata["timings"] = timings

@@ -1,0 +1,115 @@
+"""Groups for trainers: `GET /v1/groups/next` leases finished tasks, `POST .../ack` consumes them.
+
+The queue itself (leases, redelivery, delivery counts) is `group_queue.GroupQueue` in Redis;
+this module only validates the query and shapes a Group from the stored task, its sessions and
+their trajectories.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from .. import states
+from ..group_queue import ACK_REASONS, Taken
+from .context import ctx
+from .problems import Problem, not_found
+from .routes import _float_arg, _int_arg
+
+bp = Blueprint("groups", __name__)
+
+MAX_LIMIT = 1000
+MAX_WAIT = 300.0  # long-poll cap; below the API's worker timeout
+MAX_LEASE = 7 * 24 * 3600.0
+
+
+def policy_version_of(metadata: dict[str, Any]) -> int | None:
+    value = (metadata or {}).get("policy_version")
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def build_group(taken: Taken, lease_expires_at: float | None = None) -> dict[str, Any] | None:
+    c = ctx()
+    stored = c.store.get_task(taken.task_id)
+    if stored is None:
+        return None
+    metadata = (stored.get("spec") or {}).get("metadata") or {}
+    records = c.store.get_sessions(c.store.session_ids(taken.task_id))
+    trajectories = []
+    for rec in records:
+        traj = c.store.get_trajectory(rec.session_id)
+        if traj is not None:
+            trajectories.append(traj.to_dict())
+    info = c.store.groups.info(taken.task_id)
+    return {
+        "task_id": taken.task_id,
+        "metadata": metadata,
+        "policy_version": policy_version_of(metadata),
+        "delivery": taken.delivery,
+        "sessions": [{"session_id": r.session_id, "state": r.state, "reward": r.reward, "error": r.error}
+                     for r in records],
+        "trajectories": trajectories,
+        "finished_at": info.get("finished_at"),
+        "lease_expires_at": lease_expires_at,
+    }
+
+
+@bp.get("/v1/groups/next")
+def next_groups() -> Response:
+    c = ctx()
+    limit = _int_arg("limit", 1, MAX_LIMIT)
+    if limit == 0:
+        raise Problem(400, "query parameter 'limit' must be at least 1", kind="validation-error", field="limit")
+    wait = _float_arg("wait", minimum=0, maximum=MAX_WAIT) or 0.0
+    lease = _float_arg("lease", minimum=0.001, maximum=MAX_LEASE)
+    lease = 300.0 if lease is None else lease
+    t0 = time.time()
+    taken = c.store.groups.take_waiting(limit, lease, wait) if wait > 0 else c.store.groups.take(limit, lease)
+    groups = [g for g in (build_group(t, t0 + lease) for t in taken) if g is not None]
+    return jsonify({"groups": groups})
+
+
+@bp.post("/v1/groups/<task_id>/ack")
+def ack(task_id: str) -> Response:
+    c = ctx()
+    body = request.get_json(silent=True) if request.get_data(cache=True).strip() else {}
+    if not isinstance(body, dict):
+        raise Problem(400, "body must be a JSON object (optional: {\"reason\": ...})", kind="validation-error",
+                      field="body")
+    reason = body.get("reason") or ""
+    if reason not in ACK_REASONS:
+        raise Problem(400, f"reason must be one of {', '.join(r for r in ACK_REASONS if r)}",
+                      kind="validation-error", field="reason")
+    if c.store.get_task(task_id) is None:
+        raise not_found("task", task_id)
+    result = c.store.groups.ack(task_id, reason)
+    if result < 0:
+        records = c.store.get_sessions(c.store.session_ids(task_id))
+        done = sum(1 for r in records if states.is_terminal(r.state))
+        raise Problem(409, f"task {task_id!r} is not finished ({done} of {len(records)} sessions terminal); "
+                      "only a finished group can be acked", kind="group-not-finished", task_id=task_id)
+    return jsonify({"task_id": task_id, "acked": True, "already_acked": result == 0})
+
+
+@bp.get("/v1/groups/stats")
+def stats() -> Response:
+    return jsonify(ctx().store.groups.stats())
+
+
+@bp.get("/v1/groups/<task_id>")
+def group_state(task_id: str) -> Response:
+    """Where one group is in the queue (not leased: a read-only view)."""
+    c = ctx()
+    if c.store.get_task(task_id) is None:
+        raise not_found("task", task_id)
+    info = c.store.groups.info(task_id)
+    state = ("acked" if "acked_at" in info else "leased" if info.get("leased_until", 0) > time.time()
+             else "pending" if "finished_at" in info else "unfinished")
+    return jsonify({"task_id": task_id, "state": state, **info})
