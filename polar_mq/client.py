@@ -66,7 +66,8 @@ class Client:
         self.http = session or requests.Session()
 
     # --- plumbing -------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
+    def _send(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> requests.Response:
+        """One request; an error answer becomes ApiError with the problem details."""
         headers = dict(kwargs.pop("headers", None) or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -85,6 +86,10 @@ class Client:
             raise ApiError(resp.status_code, problem.get("title") or resp.reason or "error",
                            problem.get("detail") or resp.text[:500], field=problem.get("field"),
                            problem=problem)
+        return resp
+
+    def _request(self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any) -> Any:
+        resp = self._send(method, path, timeout=timeout, **kwargs)
         if not resp.content:
             return None
         ctype = resp.headers.get("Content-Type", "")
@@ -99,6 +104,12 @@ class Client:
         text = path.read_text(encoding="utf-8")
         return self._request("POST", "/v1/tasks", data=text.encode("utf-8"),
                              headers={"Content-Type": _content_type(path, text)})
+
+    def submit_checked(self, task: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Submit a TaskRequest dict → (answer, created): created is False for an identical
+        resubmit (the API's 200), True for a new task (202)."""
+        resp = self._send("POST", "/v1/tasks", json=task)
+        return resp.json(), resp.status_code == 202
 
     def status(self, task_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/tasks/{task_id}")
@@ -121,8 +132,12 @@ class Client:
     def session(self, session_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/sessions/{session_id}")
 
-    def pause(self, wait: float | None = None) -> dict[str, Any]:
-        params = {} if wait is None else {"wait": wait}
+    def pause(self, wait: float | None = None, mode: str | None = None) -> dict[str, Any]:
+        """Stop new generations cluster-wide and wait up to `wait` s for the ones in flight;
+        `mode` (keep | wait | abort) is passed to vLLM upstreams that have the RL API."""
+        params: dict[str, Any] = {} if wait is None else {"wait": wait}
+        if mode:
+            params["mode"] = mode
         return self._request("POST", "/v1/admin/pause", params=params,
                              timeout=(wait if wait is not None else 3600) + self.timeout)
 

@@ -109,6 +109,12 @@ def _submit(args: argparse.Namespace) -> int:
 
     from .client import ApiError
 
+    if args.dataset:
+        from .cli_dataset import submit_dataset
+        return submit_dataset(args)
+    if not args.file:
+        _err("give a TaskRequest file, or --dataset FILE")
+        return 2
     client = _client(args)
     try:
         answer = client.submit(args.file)
@@ -269,8 +275,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
     api.set_defaults(func=_serve_api)
 
-    submit = sub.add_parser("submit", help="submit a TaskRequest (YAML or JSON file)")
-    submit.add_argument("file")
+    submit = sub.add_parser("submit", help="submit a TaskRequest (YAML or JSON file), or a dataset (--dataset)")
+    submit.add_argument("file", nargs="?")
+    from .cli_dataset import add_flags
+    add_flags(submit)
     submit.add_argument("--wait", action="store_true", help="follow the sessions until all are finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS (exit 124)")
     submit.add_argument("--poll", type=float, default=1.0, help="with --wait: seconds between polls")
@@ -306,3 +314,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     cancel.add_argument("task_id")
     _api_flags(cancel)
     cancel.set_defaults(func=_cancel)
+
+    from . import cli_trainer
+    cli_trainer.add_commands(sub, _api_flags)

@@ -3,13 +3,17 @@ generations finish, new ones are held until resume."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 
 import pytest
 import requests
 
-from conftest import stop
+from conftest import spawn, start_gateway, stop
+from polar_mq.embedded_redis import free_port
 from test_api import start_api
 
 
@@ -58,3 +62,81 @@ def test_pause_drains_in_flight_and_holds_new_generations(gateway, api_on_gatewa
     calls = gateway.calls(s["session_id"])
     assert [c["status"] for c in calls] == ["ok", "ok"]
     assert any("weight-sync pause" in n for n in calls[1]["notes"])
+
+
+def test_no_generation_starts_after_pause_returns(gateway, api_on_gateway_redis):
+    """The old gateway cached the flag for 0.2 s: a call right after pause slipped through."""
+    api = api_on_gateway_redis
+    s = gateway.new_session()
+    requests.post(f"{api}/v1/admin/pause", params={"wait": 5}, timeout=30).raise_for_status()
+    results: dict[str, float] = {}
+
+    def right_after():
+        chat(s, "polar:notool hello").raise_for_status()
+        results["done"] = time.monotonic()
+
+    threads = [threading.Thread(target=right_after) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.8)
+    assert results == {} and gateway.calls(s["session_id"]) == []  # nothing went upstream
+    status = requests.get(f"{api}/v1/admin/status", timeout=10).json()
+    assert status["paused"] is True and status["in_flight"] == 0 and status["live_gateways"]
+    resumed = time.time()
+    requests.post(f"{api}/v1/admin/resume", timeout=10).raise_for_status()
+    for t in threads:
+        t.join(30)
+    calls = gateway.calls(s["session_id"])
+    assert len(calls) == 4 and all(c["started_at"] >= resumed - 0.05 for c in calls)
+    assert all(c["held_ms"] >= 700 for c in calls)
+
+
+def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gateway, api_on_gateway_redis):
+    api = api_on_gateway_redis
+    requests.post(f"{api}/v1/admin/resume", json={"policy_version": 1}, timeout=10).raise_for_status()
+    s = gateway.new_session()
+    chat(s, "turn one polar:notool").raise_for_status()
+    paused = requests.post(f"{api}/v1/admin/pause", params={"wait": 5}, timeout=30).json()
+    assert paused["drained"] and paused["policy_version"] == 1
+    held = threading.Thread(target=lambda: chat(s, "turn two polar:notool").raise_for_status())
+    held.start()  # the session's next call arrives during the weight sync
+    time.sleep(0.5)
+    body = requests.post(f"{api}/v1/admin/resume", json={"policy_version": 2}, timeout=10).json()
+    assert body["paused"] is False and body["policy_version"] == 2
+    held.join(30)
+    chat(s, "turn three polar:notool").raise_for_status()
+    calls = gateway.calls(s["session_id"])
+    assert [c["policy_version"] for c in calls] == [1, 2, 2]
+    assert calls[1]["held_ms"] > 0 and calls[0]["held_ms"] == 0
+    status = requests.get(f"{api}/v1/admin/status", timeout=10).json()
+    assert status["policy_version"] == 2 and status["paused"] is False
+
+
+def test_a_dead_gateway_does_not_block_the_drain(gateway, log_dir, redis_url, model_server):
+    """kill -9 of a gateway mid-call: after its heartbeat TTL its call no longer counts."""
+    port = free_port()  # an API with a short heartbeat TTL (the default is 10 s)
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", redis_url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-pause-ttl-{port}", env={"POLAR_API_TOKEN": "", "POLAR_GATEWAY_HEARTBEAT_TTL": "2"})
+    doomed = start_gateway(log_dir, redis_url, [model_server], name="gateway-doomed")
+    try:
+        s = requests.post(f"{doomed.url}/sessions", json={}, timeout=10).json()
+        def doomed_call():
+            try:
+                chat(s, "slow polar:sleep=30")
+            except requests.RequestException:
+                pass  # its gateway is killed under it
+
+        threading.Thread(target=doomed_call, daemon=True).start()
+        time.sleep(0.8)
+        before = requests.get(f"{api.url}/v1/admin/status", timeout=10).json()
+        assert before["in_flight"] == 1
+        os.killpg(doomed.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        body = requests.post(f"{api.url}/v1/admin/pause", params={"wait": 20}, timeout=40).json()
+        assert body["drained"] is True and body["in_flight"] == 0
+        assert len(body["dead_gateways"]) == 1 and time.monotonic() - t0 < 6
+    finally:
+        requests.post(f"{api.url}/v1/admin/resume", timeout=10)
+        stop(api.proc)
+        stop(doomed.proc)
