@@ -242,6 +242,13 @@ class PipelineStore:
         blob = self.r.get(self.keys.trajectory(session_id, "result"))
         return Trajectory.from_dict(unpack(blob)) if blob else None
 
+    def trajectory_blobs(self, session_ids: list[str]) -> list[bytes | None]:
+        """The stored msgpack of each session's trajectory (None where there is none), in one
+        round trip; the groups API splices these into its answer without decoding them."""
+        if not session_ids:
+            return []
+        return self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])
+
     def incr(self, name: str, amount: float = 1) -> None:
         self.r.hincrbyfloat(self.keys.counter(), name, amount)
 

@@ -114,6 +114,9 @@ def server_env() -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        # the RL API (/pause, /resume, /is_paused, /update_weight_version, /weight_info) is only
+        # registered in dev mode (vllm/entrypoints/launchers/api_server/routers.py)
+        "VLLM_SERVER_DEV_MODE": "1",
     })
     env.pop("PYTHONPATH", None)
     return env

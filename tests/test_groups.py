@@ -59,7 +59,7 @@ def test_group_lease_redelivery_and_ack(client, pipeline):
     drain_queue(client)
     sub = client.submit(echo_task("grp-lease", samples=3, metadata={"policy_version": 4, "step": 9}))
     t0 = time.monotonic()
-    [group] = client.next_groups(limit=5, wait=60, lease=1.5)
+    [group] = client.next_groups(limit=5, wait=60, lease=1.5, msgpack_body=False)  # the JSON answer
     assert time.monotonic() - t0 < 60
     assert group["task_id"] == "grp-lease" and group["delivery"] == 1
     assert group["policy_version"] == 4 and group["metadata"] == {"policy_version": 4, "step": 9}
@@ -69,11 +69,15 @@ def test_group_lease_redelivery_and_ack(client, pipeline):
     assert all(t["metadata"]["policy_version"] == 4 for t in group["trajectories"])
     # Leased: nobody else gets it while the lease runs.
     assert client.next_groups(limit=5, wait=0) == []
+    assert client.next_groups(limit=5, wait=0, msgpack_body=False) == []
     # Not acked in time: handed out again, delivery counts it; `wait` returns once the lease ran out.
     t1 = time.monotonic()
     [again] = client.next_groups(limit=5, wait=10, lease=60)
     assert again["task_id"] == "grp-lease" and again["delivery"] == 2
     assert time.monotonic() - t1 < 5
+    # The msgpack answer Client uses by default is the same object as the contract's JSON one.
+    same = {"delivery": 2, "lease_expires_at": None}
+    assert {**again, **same} == {**group, **same}
     assert client.ack_group("grp-lease", reason="trained") == {"task_id": "grp-lease", "acked": True,
                                                                "already_acked": False}
     # Acked: never handed out again, even after the lease would have run out; re-ack is fine.
@@ -163,3 +167,37 @@ def test_stream_staleness_filter_and_advantages(client, pipeline):
     client.submit(echo_task("grp-uniform", samples=2))
     picky = client.groups(wait=2, drop_uniform_reward=True, idle_timeout=3)
     assert list(picky) == [] and picky.stats.unusable_dropped == {"uniform_reward": 1}
+
+
+def test_cli_groups_and_admin(client, api, pipeline):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "POLAR_API_TOKEN": "", "POLAR_HOME": os.environ.get("POLAR_HOME", "/tmp/polar-test-home")}
+        return subprocess.run([sys.executable, "-m", "polar_mq.cli", *args, "--api", api.url], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    drain_queue(client)
+    client.submit(echo_task("grp-cli", samples=2, metadata={"policy_version": 3}))
+    out = cli("groups", "next", "--wait", "60", "--lease", "60")
+    assert out.returncode == 0, out.stderr
+    [line] = out.stdout.splitlines()
+    group = json.loads(line)
+    assert group["task_id"] == "grp-cli" and group["trajectories"] == 2 and group["delivery"] == 1
+    assert cli("groups", "next").returncode == 3  # leased: nothing to hand out
+    assert cli("groups", "ack", "grp-cli", "--reason", "trained").returncode == 0
+    stats = json.loads(cli("groups", "stats").stdout)
+    assert stats["acked_by_reason"]["trained"] >= 1 and stats["leased"] == 0
+    assert cli("groups", "ack", "no-such").returncode == 2
+    paused = json.loads(cli("admin", "pause", "--wait", "1").stdout)
+    assert paused["paused"] is True and paused["drained"] is True
+    assert json.loads(cli("admin", "status").stdout)["paused"] is True
+    resumed = json.loads(cli("admin", "resume", "--policy-version", "12").stdout)
+    assert resumed["paused"] is False and resumed["policy_version"] == 12
+    status = json.loads(cli("admin", "status").stdout)
+    assert status["paused"] is False and status["policy_version"] == 12

@@ -101,8 +101,14 @@ def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gatewa
     held = threading.Thread(target=lambda: chat(s, "turn two polar:notool").raise_for_status())
     held.start()  # the session's next call arrives during the weight sync
     time.sleep(0.5)
+    # The stand-in offers vLLM's RL API: the pause reached it too.
+    upstream = paused["upstreams"][gateway.upstream_url]
+    assert upstream["rl_api"] is True and upstream["is_paused"] is True
+    assert requests.get(f"{gateway.upstream_url}/is_paused", timeout=5).json() == {"is_paused": True}
     body = requests.post(f"{api}/v1/admin/resume", json={"policy_version": 2}, timeout=10).json()
     assert body["paused"] is False and body["policy_version"] == 2
+    assert body["upstreams"][gateway.upstream_url] == {"rl_api": True, "weight_version": "2", "is_paused": False}
+    assert requests.get(f"{gateway.upstream_url}/weight_info", timeout=5).json() == {"weight_version": "2"}
     held.join(30)
     chat(s, "turn three polar:notool").raise_for_status()
     calls = gateway.calls(s["session_id"])
@@ -110,6 +116,7 @@ def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gatewa
     assert calls[1]["held_ms"] > 0 and calls[0]["held_ms"] == 0
     status = requests.get(f"{api}/v1/admin/status", timeout=10).json()
     assert status["policy_version"] == 2 and status["paused"] is False
+    assert status["upstreams"][gateway.upstream_url]["weight_version"] == "2"
 
 
 def test_a_dead_gateway_does_not_block_the_drain(gateway, log_dir, redis_url, model_server):

@@ -323,6 +323,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
     # Key order is data here (tool arguments, schemas render into prompts): never sort it.
     app.json.sort_keys = False
     app.config["STAND_IN"] = state
+    from .rl_api import register as register_rl_api
+    app.config["RL_API"] = register_rl_api(app)  # vLLM's /pause, /resume, /weight_info...
 
     def body_json() -> dict:
         data = request.get_data(cache=True)

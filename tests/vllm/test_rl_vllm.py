@@ -1,0 +1,83 @@
+"""vLLM 0.32's RL API for real (served with VLLM_SERVER_DEV_MODE=1, see scripts/vllm_cpu.py):
+the stand-in answers its endpoints in the same shapes, and `polar-mq`'s admin pause / resume
+drive it through the gateway's registration: vLLM is paused, its weight version set and
+reported, and the session's calls carry the policy version across the sync."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import requests
+
+from conftest import SERVED, free_port, spawn, stop
+
+
+def rl_exchange(url: str) -> list:
+    """The same RL calls against one server; returns (status, body) per call."""
+    out = []
+    for method, path, kwargs in [
+        ("GET", "/is_paused", {}),
+        ("POST", "/update_weight_version", {"json": {"new_version": "contract-1"}}),
+        ("GET", "/weight_info", {}),
+        ("POST", "/pause", {"params": {"mode": "keep"}}),
+        ("GET", "/is_paused", {}),
+        ("POST", "/resume", {}),
+        ("GET", "/is_paused", {}),
+    ]:
+        r = requests.request(method, url + path, timeout=60, **kwargs)
+        out.append((r.status_code, r.json()))
+    bad = requests.post(url + "/pause", params={"mode": "later"}, timeout=30)
+    out.append((bad.status_code, sorted(bad.json())))
+    return out
+
+
+def test_standin_rl_api_matches_real_vllm(vllm_url, standin_url):
+    real, ours = rl_exchange(vllm_url), rl_exchange(standin_url)
+    assert real[0] == (200, {"is_paused": False})
+    assert real[1] == (200, {"success": True, "new_version": "contract-1"})
+    assert real[2] == (200, {"weight_version": "contract-1"})
+    assert real[3] == (200, {"status": "paused"}) and real[4] == (200, {"is_paused": True})
+    assert real[5] == (200, {"status": "resumed"}) and real[6] == (200, {"is_paused": False})
+    assert ours == real
+
+
+def test_admin_pause_and_resume_drive_real_vllm(vllm_gateway, vllm_url, redis_url, log_dir):
+    port = free_port()
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", redis_url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-vllm-rl-{port}", env={"POLAR_API_TOKEN": ""})
+    base = f"http://127.0.0.1:{port}"
+    s = vllm_gateway.new_session()
+
+    def chat(text: str) -> requests.Response:
+        return requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=120,
+                             json={"model": SERVED, "messages": [{"role": "user", "content": text}],
+                                   "max_tokens": 8, "temperature": 0})
+
+    try:
+        requests.post(f"{base}/v1/admin/resume", json={"policy_version": 40}, timeout=60).raise_for_status()
+        chat("hello").raise_for_status()
+        paused = requests.post(f"{base}/v1/admin/pause", params={"wait": 30, "mode": "wait"}, timeout=120).json()
+        assert paused["drained"] is True
+        assert paused["upstreams"][vllm_url]["rl_api"] is True and paused["upstreams"][vllm_url]["is_paused"] is True
+        assert requests.get(f"{vllm_url}/is_paused", timeout=10).json() == {"is_paused": True}
+        results: dict[str, float] = {}
+        held = threading.Thread(target=lambda: results.setdefault("status", chat("again").status_code))
+        held.start()  # held at the gateway until resume (vLLM itself is paused too)
+        time.sleep(1.0)
+        assert "status" not in results
+        resumed = requests.post(f"{base}/v1/admin/resume", json={"policy_version": 41}, timeout=60).json()
+        assert resumed["upstreams"][vllm_url] == {"rl_api": True, "weight_version": "41", "is_paused": False}
+        assert requests.get(f"{vllm_url}/weight_info", timeout=10).json() == {"weight_version": "41"}
+        held.join(120)
+        assert results["status"] == 200
+        calls = vllm_gateway.calls(s["session_id"])
+        assert [c["policy_version"] for c in calls] == [40, 41]
+        assert calls[1]["held_ms"] >= 900 and calls[1]["completion_token_ids"]
+        status = requests.get(f"{base}/v1/admin/status", timeout=10).json()
+        assert status["upstreams"][vllm_url]["weight_version"] == "41" and status["policy_version"] == 41
+    finally:
+        requests.post(f"{base}/v1/admin/resume", timeout=60)
+        stop(api.proc)
