@@ -7,11 +7,15 @@ add their own keys to `Keys` rather than spelling key strings elsewhere.
 from __future__ import annotations
 
 import secrets
+import threading
+import time
+from collections import OrderedDict
 from typing import Any, Iterable
 
 import msgpack
 import redis
 
+from . import record_codec
 from .model import CaptureRecord, GatewaySession, Trajectory
 
 
@@ -29,6 +33,24 @@ class Keys:
 
     def calls(self, session_id: str) -> str:
         return f"{self.prefix}:gw:calls:{session_id}"
+
+    def call_chunks(self, session_id: str) -> str:
+        """Content-addressed chunks (messages, body pieces, id blocks) of a session's records."""
+        return f"{self.prefix}:gw:chunks:{session_id}"
+
+    def session_inflight(self, session_id: str) -> str:
+        """Calls of a session the gateway is still working on (call id -> start time)."""
+        return f"{self.prefix}:gw:inflight:{session_id}"
+
+    def session_cancelled(self, session_id: str) -> str:
+        """Set when nobody wants the session's generations any more: the gateway aborts them."""
+        return f"{self.prefix}:gw:cancel:{session_id}"
+
+    def gateway_session_keys(self, session_id: str) -> list[str]:
+        """Every key of one gateway session except its key -> id mapping (which needs the key)."""
+        return [self.gateway_session(session_id), self.calls(session_id), self.call_chunks(session_id),
+                self.session_inflight(session_id), self.session_cancelled(session_id),
+                self.trajectory(session_id, "per_request"), self.trajectory(session_id, "prefix_merging")]
 
     def trajectory(self, session_id: str, builder: str) -> str:
         return f"{self.prefix}:traj:{session_id}:{builder}"
@@ -166,12 +188,41 @@ def connect(url: str, *, ride_out_outages: float = 0.0) -> redis.Redis:
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
+class KnownChunks:
+    """Digests this process stored, for the sessions it wrote to last (bounded: LRU)."""
+
+    def __init__(self, max_sessions: int = 512):
+        self.max_sessions = max_sessions
+        self._by_session: OrderedDict[str, set[bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str, default: set[bytes]) -> set[bytes]:
+        with self._lock:
+            known = self._by_session.get(session_id)
+            if known is None:
+                return default
+            self._by_session.move_to_end(session_id)
+            return set(known)
+
+    def add(self, session_id: str, digests: set[bytes]) -> None:
+        with self._lock:
+            self._by_session.setdefault(session_id, set()).update(digests)
+            self._by_session.move_to_end(session_id)
+            while len(self._by_session) > self.max_sessions:
+                self._by_session.popitem(last=False)
+
+    def pop(self, session_id: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._by_session.pop(session_id, default)
+
+
 class GatewayStore:
     """Sessions, session keys and capture records."""
 
     def __init__(self, client: redis.Redis, keys: Keys | None = None):
         self.r = client
         self.keys = keys or Keys()
+        self._known = KnownChunks()
 
     @_guard
     def ping(self) -> bool:
@@ -206,26 +257,98 @@ class GatewayStore:
         sid = self.r.get(self.keys.gateway_key(key))
         return sid.decode() if sid else None
 
+    def _write(self, records: list[CaptureRecord], trust_cache: bool = True) -> int:
+        """Chunks (HSETNX: each stored once per session) and envelopes in one MULTI, so a reader
+        never sees an envelope whose chunks are not there yet. Chunks this process stored before
+        are not sent again; if the session's chunk hash vanished meanwhile (collected), the write
+        is redone in full."""
+        writes: list[tuple[str, dict[bytes, bytes], str, bytes]] = []
+        relied: list[str] = []
+        used: dict[str, set[bytes]] = {}
+        for rec in records:
+            known = self._known.get(rec.session_id, set()) if trust_cache else set()
+            blob, chunks, refs = record_codec.encode(rec, record_codec.Encoder(known))
+            key = self.keys.call_chunks(rec.session_id)
+            if refs - set(chunks) and key not in relied:
+                relied.append(key)
+            writes.append((key, chunks, self.keys.calls(rec.session_id), blob))
+            used.setdefault(rec.session_id, set()).update(refs)
+        pipe = self.r.pipeline(transaction=True)
+        for key in relied:  # first in the MULTI: do the chunks relied upon still exist?
+            pipe.exists(key)
+        for key, chunks, calls_key, blob in writes:
+            for digest, stored in chunks.items():
+                pipe.hsetnx(key, digest, stored)
+            pipe.rpush(calls_key, blob)
+        results = pipe.execute()
+        if relied and not all(results[:len(relied)]):
+            for sid in used:
+                self._known.pop(sid, None)
+            # The envelopes landed; store every chunk they refer to again (HSETNX keeps the rest).
+            pipe = self.r.pipeline(transaction=True)
+            for rec in records:
+                _, chunks, _ = record_codec.encode(rec)
+                for digest, stored in chunks.items():
+                    pipe.hsetnx(self.keys.call_chunks(rec.session_id), digest, stored)
+            pipe.execute()
+        for sid, refs in used.items():
+            self._known.add(sid, refs)
+        return len(records)
+
     @_guard
     def append_call(self, record: CaptureRecord) -> None:
-        self.r.rpush(self.keys.calls(record.session_id), pack(record.to_dict()))
+        self._write([record])
 
     @_guard
     def calls(self, session_id: str) -> list[CaptureRecord]:
-        blobs = self.r.lrange(self.keys.calls(session_id), 0, -1)
-        records = [CaptureRecord.from_dict(unpack(b)) for b in blobs]
+        pipe = self.r.pipeline(transaction=True)
+        pipe.lrange(self.keys.calls(session_id), 0, -1)
+        pipe.hgetall(self.keys.call_chunks(session_id))
+        blobs, chunks = pipe.execute()
+        reader = record_codec.ChunkReader(chunks)
+        records = [record_codec.decode(b, reader) for b in blobs]
         records.sort(key=lambda rec: rec.started_at)
         return records
 
     @_guard
     def append_calls(self, records: Iterable[CaptureRecord]) -> int:
-        n = 0
-        pipe = self.r.pipeline()
-        for rec in records:
-            pipe.rpush(self.keys.calls(rec.session_id), pack(rec.to_dict()))
-            n += 1
+        return self._write(list(records), trust_cache=False)
+
+    # --- in-flight calls and cancellation (postrun waits; cancelled sessions abort upstream) ----
+    @_guard
+    def call_started(self, session_id: str, call_id: str) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.keys.session_inflight(session_id), call_id, time.time())
+        pipe.expire(self.keys.session_inflight(session_id), 24 * 3600)
         pipe.execute()
-        return n
+
+    @_guard
+    def call_finished(self, session_id: str, call_id: str) -> None:
+        self.r.hdel(self.keys.session_inflight(session_id), call_id)
+
+    @_guard
+    def inflight_calls(self, session_id: str) -> int:
+        return int(self.r.hlen(self.keys.session_inflight(session_id)))
+
+    @_guard
+    def cancel_session(self, session_id: str, ttl: float = 7 * 24 * 3600) -> None:
+        self.r.set(self.keys.session_cancelled(session_id), b"1", ex=int(ttl))
+
+    @_guard
+    def is_session_cancelled(self, session_id: str) -> bool:
+        return bool(self.r.exists(self.keys.session_cancelled(session_id)))
+
+    @_guard
+    def session_bytes(self, session_id: str) -> int:
+        """Redis memory of one gateway session (MEMORY USAGE, exact), its key mapping included."""
+        session = self.get_session(session_id)
+        keys = self.keys.gateway_session_keys(session_id)
+        if session is not None:
+            keys.append(self.keys.gateway_key(session.key))
+        total = 0
+        for key in keys:
+            total += int(self.r.memory_usage(key, samples=0) or 0)
+        return total
 
     @_guard
     def save_trajectory(self, trajectory: Trajectory) -> None:

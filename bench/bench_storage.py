@@ -1,0 +1,193 @@
+"""Redis bytes of one long Claude-Code-sized session: whole records (before) vs chunked (after).
+
+The session is grown from the real Claude Code request in tests/replays/claude_code/anthropic.json
+(its 24 tools, system blocks with the per-turn billing line, metadata, thinking config): every
+turn appends the assistant's tool call and a ~2 KB tool result (text of real source files) and
+moves `cache_control` to the last message, as Claude Code does. Each request goes through the
+gateway's Anthropic adapter (`to_chat`) and the stand-in model's tokenizer and chat template, so
+`messages`, `tools` and `prompt_token_ids` are what the gateway would record; the sampled ids are
+the tokens of the tool call, with logprobs.
+
+Before: each record as one msgpack blob in a Redis list (the old layout). After: GatewayStore
+(record_codec: each chunk once per session, zlib). Both are measured in the same run with
+`MEMORY USAGE key SAMPLES 0` in a private redis-server, and the records read back are compared
+with what was written.
+
+Information of the session (the yardstick of the ≤ 3x goal): the JSON bytes of each distinct
+normalised message once, the tools once, 4 bytes per token id of the longest chain (the last
+call's prompt + sampled ids) and 8 bytes per sampled token of every call (id + float32 logprob).
+
+    .venv/bin/python bench/bench_storage.py [--turns 50] [--result-bytes 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from polar_mq.model import CaptureRecord  # noqa: E402
+from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.proxy_app.adapters import anthropic  # noqa: E402
+from polar_mq.proxy_app.capture import new_record  # noqa: E402
+from polar_mq.store import GatewayStore  # noqa: E402
+
+REPLAY = ROOT / "tests" / "replays" / "claude_code" / "anthropic.json"
+GIB = 1024 ** 3
+
+
+def tool_result_texts(size: int) -> list[str]:
+    """~size-byte pieces of real source text (what `cat`/`grep` tool results look like)."""
+    text = "".join(p.read_text() for p in sorted((ROOT / "polar_mq").rglob("*.py")))
+    return [text[i:i + size] for i in range(0, len(text) - size, size)]
+
+
+def claude_code_session(turns: int, result_bytes: int = 2000, session_id: str = "bench") -> list[CaptureRecord]:
+    """The records a `turns`-call Claude Code session leaves (see the module docstring)."""
+    replay = json.loads(REPLAY.read_text())
+    first = next(r for r in replay["requests"] if r.get("generation"))["body"]
+    tok = load_tokenizer()
+    results = tool_result_texts(result_bytes)
+    rng = random.Random(7)
+    messages: list[dict[str, Any]] = [copy.deepcopy(first["messages"][0])]
+    records = []
+    for turn in range(turns):
+        body = copy.deepcopy(first)
+        body["system"][0]["text"] = f"x-anthropic-billing-header: cc_version=2.1.197.{turn:03x}; cc_entrypoint=sdk-cli;"
+        body["messages"] = copy.deepcopy(messages)
+        last = body["messages"][-1]
+        if isinstance(last["content"], list):
+            last["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        req = anthropic.to_chat(body)
+        rec = new_record(session_id, "anthropic", req, body, "stand-in")
+        rec.started_at = 1_700_000_000 + turn
+        rec.prompt_token_ids = tok.encode(tok.render(req.messages, tools=req.tools or None,
+                                                     add_generation_prompt=True))
+        call_id = f"toolu_{hashlib.sha1(str(turn).encode()).hexdigest()[:20]}"
+        command = f"sed -n {turn * 40 + 1},{turn * 40 + 40}p polar_mq/module_{turn}.py"
+        call_text = json.dumps({"name": "Bash", "arguments": {"command": command}})
+        rec.completion_token_ids = tok.encode(f"<tool_call>\n{call_text}\n</tool_call><|im_end|>")
+        rec.completion_logprobs = [round(-rng.random() * 2, 6) for _ in rec.completion_token_ids]
+        rec.response_message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "Bash", "arguments": json.dumps({"command": command})}}]}
+        rec.finish_reason = "tool_calls"
+        rec.usage = {"prompt_tokens": len(rec.prompt_token_ids),
+                     "completion_tokens": len(rec.completion_token_ids)}
+        records.append(rec)
+        messages.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": call_id, "name": "Bash", "input": {"command": command}}]})
+        messages.append({"role": "user", "content": [
+            {"tool_use_id": call_id, "type": "tool_result", "content": results[turn % len(results)]}]})
+    return records
+
+
+def information_bytes(records: list[CaptureRecord]) -> int:
+    """Each distinct message once + tools once + the longest chain's ids + every sampled token."""
+    distinct = set()
+    for rec in records:
+        for m in list(rec.messages) + ([rec.response_message] if rec.response_message else []):
+            distinct.add(json.dumps(m, sort_keys=True))
+    tools = {json.dumps(rec.tools, sort_keys=True) for rec in records}
+    last = records[-1]
+    chain = len(last.prompt_token_ids) + len(last.completion_token_ids)
+    sampled = sum(len(r.completion_token_ids) for r in records)
+    return sum(len(s.encode()) for s in distinct | tools) + 4 * chain + 8 * sampled
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def key_bytes(r: redis.Redis, pattern: str) -> int:
+    return sum(int(r.memory_usage(k, samples=0) or 0) for k in r.scan_iter(match=pattern, count=1000))
+
+
+def measure(turns: int, result_bytes: int) -> dict[str, Any]:
+    records = claude_code_session(turns, result_bytes)
+    exe = shutil.which("redis-server")
+    if not exe:
+        raise SystemExit("redis-server is not on PATH")
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="pmq-bench-storage-")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                             "no", "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        # Before: the old layout, one whole msgpack record per list element.
+        for rec in records:
+            r.rpush("old:gw:calls:bench", msgpack.packb(rec.to_dict(), use_bin_type=True))
+        before = key_bytes(r, "old:*")
+        t0 = time.perf_counter()
+        old = [CaptureRecord.from_dict(msgpack.unpackb(b, raw=False)) for b in r.lrange("old:gw:calls:bench", 0, -1)]
+        old_read_ms = (time.perf_counter() - t0) * 1000
+        assert len(old) == len(records)
+        # After: the gateway store.
+        store = GatewayStore(r)
+        t0 = time.perf_counter()
+        for rec in records:
+            store.append_call(rec)
+        write_ms = (time.perf_counter() - t0) * 1000 / len(records)
+        t0 = time.perf_counter()
+        back = store.calls("bench")
+        read_ms = (time.perf_counter() - t0) * 1000
+        assert [b.to_dict() for b in back] == [rec.to_dict() for rec in records], "round trip differs"
+        after = key_bytes(r, "pmq:gw:*:bench")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    info = information_bytes(records)
+    last = records[-1]
+    return {"turns": turns, "first_request_bytes": len(json.dumps(records[0].request)),
+            "last_request_bytes": len(json.dumps(last.request)),
+            "last_prompt_tokens": len(last.prompt_token_ids), "information_bytes": info,
+            "before_bytes": before, "after_bytes": after, "write_ms_per_call": round(write_ms, 2),
+            "read_ms_session": round(read_ms, 1), "old_read_ms_session": round(old_read_ms, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=50)
+    ap.add_argument("--result-bytes", type=int, default=2000)
+    args = ap.parse_args()
+    m = measure(args.turns, args.result_bytes)
+    print(f"{m['turns']}-call Claude Code session: requests {m['first_request_bytes'] / 1000:.0f} KB -> "
+          f"{m['last_request_bytes'] / 1000:.0f} KB, last prompt {m['last_prompt_tokens']} tokens")
+    print(f"{'':24}{'bytes':>12}{'x information':>15}{'sessions in 16 GiB':>20}")
+    print(f"{'information':24}{m['information_bytes']:>12}{1.0:>15.2f}{'':>20}")
+    for label, key in (("before (whole records)", "before_bytes"), ("after (chunked, zlib)", "after_bytes")):
+        b = m[key]
+        print(f"{label:24}{b:>12}{b / m['information_bytes']:>15.2f}{int(16 * GIB // b):>20}")
+    print(f"after / before = {m['after_bytes'] / m['before_bytes']:.4f} "
+          f"({m['before_bytes'] / m['after_bytes']:.1f}x smaller); "
+          f"write {m['write_ms_per_call']} ms/call; read all calls {m['old_read_ms_session']} ms before, "
+          f"{m['read_ms_session']} ms after")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""How a CaptureRecord is laid out in Redis: every message and body chunk once per session.
+
+An agent session re-sends its whole conversation on every call, so storing each record whole
+makes a session's storage quadratic in its turns (a 30-turn session took 21x its information).
+Here a record becomes an *envelope* plus *chunks*:
+
+- chunks are content-addressed (a 12-byte BLAKE2b digest of their msgpack bytes) and stored once
+  per session in one Redis hash, each zlib-compressed when that is smaller;
+- the envelope keeps the record's small fields inline and a digest (msgpack `bin`, which JSON
+  data never contains, so a `bytes` value is always a reference) where a chunk was:
+  each normalised message, the normalised tools, the response message, each element of every
+  list in the provider request body (Anthropic `messages` / `system`, OpenAI `messages` /
+  `input`, Gemini `contents`...) and every other large request field (`tools` whole);
+- prompt token ids are cut into blocks of `ID_BLOCK` ids aligned at position 0, so the shared
+  prefix of consecutive calls (the conversation so far) shares its blocks; the last partial
+  block stays inline. Sampled ids and logprobs stay inline (they are unique to a call).
+
+Decoding gives back exactly the record that was encoded; `GET /sessions/<id>/calls` is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import Any
+
+import msgpack
+
+from .model import CaptureRecord
+
+ID_BLOCK = 256  # prompt ids per shared block
+INLINE_MAX = 48  # packed values up to this size stay in the envelope (a reference costs ~14 B)
+ENVELOPE_MAGIC = b"\xc1\x01"  # 0xc1 is never used by msgpack: old whole-record blobs never start so
+_RAW, _ZLIB = b"m", b"z"
+
+Chunks = dict[bytes, bytes]  # digest -> stored (maybe compressed) bytes
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(blob: bytes) -> Any:
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
+
+
+def compress(packed: bytes) -> bytes:
+    """A stored chunk: zlib when it saves space, else the msgpack bytes as they are."""
+    z = zlib.compress(packed, 6)
+    return _ZLIB + z if len(z) + 1 < len(packed) + 1 else _RAW + packed
+
+
+def decompress(stored: bytes) -> bytes:
+    return zlib.decompress(stored[1:]) if stored[:1] == _ZLIB else stored[1:]
+
+
+class Encoder:
+    """Turns records into envelopes, collecting the chunks they refer to. Digests in `known`
+    (chunks this writer already stored for the session) are referenced without compressing them
+    again: compression of the whole conversation on every call would dominate the write."""
+
+    def __init__(self, known: set[bytes] | frozenset[bytes] = frozenset()) -> None:
+        self.chunks: Chunks = {}
+        self.known = known
+        self.used: set[bytes] = set()
+
+    def ref(self, value: Any) -> Any:
+        """A digest for a value worth sharing; small values stay inline."""
+        packed = _pack(value)
+        if len(packed) <= INLINE_MAX:
+            return value
+        digest = hashlib.blake2b(packed, digest_size=12).digest()
+        self.used.add(digest)
+        if digest not in self.chunks and digest not in self.known:
+            self.chunks[digest] = compress(packed)
+        return digest
+
+    def refs(self, values: list[Any]) -> list[Any]:
+        return [self.ref(v) for v in values]
+
+    def ids(self, ids: list[int]) -> list[Any]:
+        """Prompt ids as shared blocks (aligned at 0) and an inline tail."""
+        full = len(ids) - len(ids) % ID_BLOCK
+        out: list[Any] = [self.ref(ids[i:i + ID_BLOCK]) for i in range(0, full, ID_BLOCK)]
+        out.extend(ids[full:])
+        return out
+
+    def request(self, body: Any) -> Any:
+        if not isinstance(body, dict):
+            return body if body is None else self.ref(body)
+        return {k: self.refs(v) if isinstance(v, list) and k != "tools" else self.ref(v)
+                for k, v in body.items()}
+
+    def envelope(self, record: CaptureRecord) -> dict[str, Any]:
+        env = record.to_dict()
+        env["messages"] = self.refs(record.messages or [])
+        env["tools"] = self.ref(record.tools or [])
+        env["response_message"] = self.ref(record.response_message)
+        env["request"] = self.request(record.request)
+        env["prompt_token_ids"] = self.ids(list(record.prompt_token_ids or []))
+        return env
+
+
+def encode(record: CaptureRecord, encoder: Encoder | None = None) -> tuple[bytes, Chunks, set[bytes]]:
+    """(envelope blob, new chunks to store, every digest it refers to). Pass one encoder to
+    collect the chunks of several records."""
+    enc = encoder or Encoder()
+    blob = ENVELOPE_MAGIC + zlib.compress(_pack(enc.envelope(record)), 6)
+    return blob, enc.chunks, enc.used
+
+
+class MissingChunk(KeyError):
+    """An envelope refers to a chunk that is not stored (the session was partly collected)."""
+
+
+class ChunkReader:
+    """Chunks of one session, each decompressed once however many records share it. Values are
+    unpacked per use, so records never share (and never alias) mutable objects."""
+
+    def __init__(self, stored: dict[bytes, bytes]):
+        self.stored = stored
+        self.packed: dict[bytes, bytes] = {}
+
+    def __call__(self, digest: bytes) -> Any:
+        packed = self.packed.get(digest)
+        if packed is None:
+            stored = self.stored.get(digest)
+            if stored is None:
+                raise MissingChunk(digest.hex())
+            packed = self.packed[digest] = decompress(stored)
+        return _unpack(packed)
+
+
+def decode(blob: bytes, chunks: ChunkReader | dict[bytes, bytes]) -> CaptureRecord:
+    """A record from its blob and its session's chunks. Whole-record blobs written before this
+    layout decode too."""
+    if not blob.startswith(ENVELOPE_MAGIC):
+        return CaptureRecord.from_dict(_unpack(blob))
+    env = _unpack(zlib.decompress(blob[len(ENVELOPE_MAGIC):]))
+    reader = chunks if isinstance(chunks, ChunkReader) else ChunkReader(chunks)
+
+    def get(v: Any) -> Any:
+        return reader(v) if isinstance(v, bytes) else v
+
+    env["messages"] = [get(m) for m in env.get("messages") or []]
+    env["tools"] = get(env.get("tools"))
+    env["response_message"] = get(env.get("response_message"))
+    req = env.get("request")
+    if isinstance(req, dict):
+        env["request"] = {k: [get(e) for e in v] if isinstance(v, list) else get(v) for k, v in req.items()}
+    else:
+        env["request"] = get(req)
+    ids: list[int] = []
+    for part in env.get("prompt_token_ids") or []:
+        if isinstance(part, bytes):
+            ids.extend(get(part))
+        else:
+            ids.append(part)
+    env["prompt_token_ids"] = ids
+    return CaptureRecord.from_dict(env)
