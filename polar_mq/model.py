@@ -72,6 +72,8 @@ class CaptureRecord(Record):
     error: str | None = None
     # Extensions beyond the contract (additive):
     params: dict[str, Any] = field(default_factory=dict)  # sampling parameters sent upstream
+    # What the harness asked for, before the task's sampling policy (agent.sampling) was applied.
+    requested_params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. dropped server-side tools
     upstream_url: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
@@ -126,6 +128,7 @@ class GatewaySession(Record):
     task_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    sampling: dict[str, Any] = field(default_factory=dict)  # the task's policy, enforced per call
 
 
 @dataclass

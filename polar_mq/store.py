@@ -230,13 +230,14 @@ class GatewayStore:
 
     @_guard
     def create_session(self, session_id: str, task_id: str | None = None,
-                       metadata: dict[str, Any] | None = None) -> tuple[GatewaySession, bool]:
+                       metadata: dict[str, Any] | None = None,
+                       sampling: dict[str, Any] | None = None) -> tuple[GatewaySession, bool]:
         """Create a session (or return the existing one with that id). Returns (session, created)."""
         existing = self.get_session(session_id)
         if existing is not None:
             return existing, False
         session = GatewaySession(session_id=session_id, key="pmq-" + secrets.token_urlsafe(24),
-                                 task_id=task_id, metadata=metadata or {})
+                                 task_id=task_id, metadata=metadata or {}, sampling=sampling or {})
         pipe = self.r.pipeline()
         # NX on the session record makes concurrent creations of one id agree on a single key.
         pipe.set(self.keys.gateway_session(session_id), pack(session.to_dict()), nx=True)
@@ -337,6 +338,15 @@ class GatewayStore:
     @_guard
     def is_session_cancelled(self, session_id: str) -> bool:
         return bool(self.r.exists(self.keys.session_cancelled(session_id)))
+
+    @_guard
+    def cancelled_sessions(self, session_ids: list[str]) -> set[str]:
+        if not session_ids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for sid in session_ids:
+            pipe.exists(self.keys.session_cancelled(sid))
+        return {sid for sid, hit in zip(session_ids, pipe.execute()) if hit}
 
     @_guard
     def session_bytes(self, session_id: str) -> int:

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import sampling
+
 HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell")
 BACKENDS = ("docker", "apptainer", "bwrap", "local")
 BUILDERS = ("per_request", "prefix_merging")
@@ -29,6 +31,8 @@ class AgentSpec:
     harness: str
     model: str = "policy"
     options: dict[str, Any] = field(default_factory=dict)
+    # The sampling policy the gateway enforces on every call of the task (polar_mq/sampling.py).
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +73,8 @@ class TaskRequest:
     def fingerprint(self) -> str:
         """Identity of the request body for idempotent resubmits (task_id excluded)."""
         body = {k: v for k, v in self.to_dict().items() if k != "task_id"}
+        if not body["agent"].get("sampling"):  # tasks stored before agent.sampling existed agree
+            body["agent"].pop("sampling", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -130,7 +136,7 @@ def parse_task(data: Any) -> TaskRequest:
         raise ValidationError("timeout_seconds", "must be positive")
 
     agent_data = _get(data, "agent", dict, "", required=True)
-    _no_unknown(agent_data, {"harness", "model", "options"}, "agent.")
+    _no_unknown(agent_data, {"harness", "model", "options", "sampling"}, "agent.")
     harness = _get(agent_data, "harness", str, "agent.", required=True)
     if harness not in HARNESSES:
         raise ValidationError("agent.harness", f"unknown {harness!r}; use one of {', '.join(HARNESSES)}")
@@ -139,7 +145,11 @@ def parse_task(data: Any) -> TaskRequest:
         command = options.get("command")
         if not isinstance(command, (str, list)) or not command:
             raise ValidationError("agent.options.command", "the shell harness needs a command (string or list)")
-    agent = AgentSpec(harness, _get(agent_data, "model", str, "agent.", default="policy"), options)
+    try:
+        policy = sampling.validate(agent_data.get("sampling"))
+    except sampling.PolicyError as exc:
+        raise ValidationError(exc.field, exc.message) from exc
+    agent = AgentSpec(harness, _get(agent_data, "model", str, "agent.", default="policy"), options, policy)
 
     rt = _get(data, "runtime", dict, "", default={})
     _no_unknown(rt, {"backend", "image", "env", "workdir", "prepare", "cpus", "memory_mb",

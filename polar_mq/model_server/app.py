@@ -27,6 +27,7 @@ from .completion import (
     sampled_logprob,
     token_deltas,
 )
+from .generations import GenerationLog
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
 
@@ -192,6 +193,7 @@ class StandIn:
     def __init__(self, config: ServerConfig):
         self.config = config
         self.tok = load_tokenizer(config.cache_dir)
+        self.generations = GenerationLog()
 
     def check_model(self, body: dict) -> None:
         model = body.get("model")
@@ -362,6 +364,15 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
     def version():
         return _json_response({"version": VLLM_VERSION})
 
+    @app.get("/metrics")
+    def metrics():
+        return Response(state.generations.prometheus(config.served_model_name),
+                        mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    @app.get("/polar/generations")
+    def generations():
+        return _json_response(state.generations.snapshot())
+
     @app.get("/v1/models")
     def models():
         now = int(time.time())
@@ -429,6 +440,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
             state.delay(gen)
             if config.token_latency_ms:
                 time.sleep(len(gen.ids) * config.token_latency_ms / 1000.0)
+            state.generations.whole(rid, len(gen.ids), gen.finish_reason or "stop", body)
             choice = {
                 "index": 0,
                 "message": gen.message,
@@ -453,6 +465,16 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         state.delay(gen)
 
         def frames() -> Iterator[str]:
+            # As vLLM: a client that closes the connection aborts the generation (counted).
+            state.generations.start(rid, len(gen.ids), body)
+            reason = "abort"
+            try:
+                yield from token_frames()
+                reason = gen.finish_reason or "stop"
+            finally:
+                state.generations.finish(rid, reason)
+
+        def token_frames() -> Iterator[str]:
             # As vLLM 0.32 (serving.py, chat_completion_stream_generator): a first chunk with the
             # role (and prompt_token_ids / prompt_text keys, null unless asked for); then one chunk
             # per sampled token -- a token whose delta is empty is skipped unless return_token_ids
@@ -479,6 +501,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
             for i, (t, delta) in enumerate(zip(gen.ids, deltas)):
                 if config.token_latency_ms:
                     time.sleep(config.token_latency_ms / 1000.0)
+                state.generations.token(rid)
                 if delta is None and i != last and not per_token:
                     continue
                 c: dict[str, Any] = {"index": 0, "delta": delta or {},

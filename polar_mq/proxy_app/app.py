@@ -28,6 +28,8 @@ from ..pause_state import PauseState
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable, connect
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, client_socket, enforce,
+                    plain_chat, read_stream)
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
@@ -81,6 +83,8 @@ class Gateway:
         # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
         # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
         self.passthrough = settings.stream_passthrough
+        self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
+        self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
 
     # --- model names ----------------------------------------------------------------------------
     @property
@@ -119,8 +123,9 @@ class Gateway:
             body["tools"] = req.tools
         return body
 
-    def call(self, record: CaptureRecord, body: dict[str, Any]) -> Outcome:
-        """One upstream call, recorded whatever happens. Runs on a worker thread for streams."""
+    def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight) -> Outcome:
+        """One upstream call, recorded whatever happens; aborted when its session is cancelled or
+        its client leaves (calls.py)."""
         result = error = None
         counted = False
         record.started_at = time.time()
@@ -130,8 +135,13 @@ class Gateway:
             counted = self.pause.admit(record)
             record.started_at = time.time()
             t0 = time.monotonic()
-            result, url = self.pool.chat(body, record.session_id)
+            result, url = plain_chat(self.pool, body, record, inflight, self.passthrough)
             fill_result(record, result, url)
+        except Aborted as exc:
+            error = exc.error
+            if exc.partial is not None:
+                fill_partial(record, exc.partial, exc.url)
+            fill_error(record, error)
         except GatewayError as exc:
             error = exc
             fill_error(record, exc)
@@ -146,6 +156,8 @@ class Gateway:
             self.recorder.save(record)
         except GatewayError as exc:
             return Outcome(None, exc)
+        finally:
+            self.registry.finish(inflight)
         return Outcome(result, error)
 
     def generate(self, provider: str, session_id: str, body: dict[str, Any], *,
@@ -158,25 +170,31 @@ class Gateway:
         if stream is not None:
             req.stream = stream
         req.extra.update(extra or {})
+        requested = enforce(req, self.policies.get(session_id))
         record = new_record(session_id, provider, req, body, self._served_model,
-                            retry_count=_int(request.headers.get("x-stainless-retry-count")))
+                            retry_count=_int(request.headers.get("x-stainless-retry-count")),
+                            requested_params=requested)
         upstream = self.upstream_body(req)
         record.model_served = upstream["model"]
+        inflight = self.registry.start(session_id, record.call_id,
+                                       None if req.stream else client_socket(request.environ))
         if not req.stream:
-            outcome = self.call(record, upstream)
+            outcome = self.call(record, upstream, inflight)
             if outcome.error:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
-        self.executor.submit(self.stream_call, record, req, channel)
-        return self.stream(mod, req, channel)
+        self.executor.submit(self.stream_call, record, req, channel, inflight)
+        return self.stream(mod, req, channel, inflight)
 
-    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue) -> None:
+    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
+                    inflight: Inflight) -> None:
         """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
         events go into `channel` as the upstream produces them: ("events", [...]), then, once the
-        record is stored, ("finish", result) or ("error", GatewayError). The loop never depends on
-        the client: if it goes away the upstream is still read to the end and the call recorded.
-        An upstream that cannot stream token ids gets a non-streaming call, replayed as events."""
+        record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
+        or the session is cancelled the upstream connection is closed (vLLM then aborts the
+        generation) and the record keeps what was sampled. An upstream that cannot stream token
+        ids gets a non-streaming call, replayed as events."""
         result: ChatResult | None = None
         error: GatewayError | None = None
         acc: StreamAccumulator | None = None
@@ -199,10 +217,9 @@ class Gateway:
                 record.notes.append("synthetic stream: the upstream does not stream token ids")
             if handle is not None:
                 acc = StreamAccumulator()
-                for chunk in handle.chunks():
-                    events = acc.feed(chunk)
-                    if events:
-                        channel.put(("events", events))
+                aborted = read_stream(handle, inflight, acc, lambda events: channel.put(("events", events)))
+                if aborted is not None:
+                    raise aborted
                 if not acc.finished:
                     raise GatewayError("upstream_error", f"upstream {handle.url} ended the stream "
                                        "before its answer finished")
@@ -211,7 +228,7 @@ class Gateway:
                     self.pool.mark_no_stream_ids(handle.url)
                 fill_result(record, result, handle.url)
             else:
-                result, url = self.pool.chat(self.upstream_body(req), record.session_id)
+                result, url = plain_chat(self.pool, self.upstream_body(req), record, inflight, False)
                 fill_result(record, result, url)
                 events = list(replay(result))
                 channel.put(("events", events[:-1]))  # the finish waits for the record
@@ -233,9 +250,11 @@ class Gateway:
             self.recorder.save(record)
         except GatewayError as exc:
             error = error or exc
+        finally:
+            self.registry.finish(inflight)
         channel.put(("error", error) if error is not None else ("finish", result))
 
-    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue) -> Response:
+    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue, inflight: Inflight) -> Response:
         """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
         that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
         upstream is quiet. Frames are written as the upstream's chunks arrive."""
@@ -252,6 +271,15 @@ class Gateway:
         translator = mod.stream_translator(req)
 
         def frames() -> Iterator[bytes]:
+            done = False
+            try:
+                yield from frames_until_done()
+                done = True
+            finally:
+                if not done:  # the client went away: nobody wants the rest of the generation
+                    inflight.abort(CLIENT_GONE)
+
+        def frames_until_done() -> Iterator[bytes]:
             item = first
             if item is None:
                 yield ping

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, jsonify, request
 
+from .. import sampling
 from ..store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -68,14 +69,20 @@ def register(app: Flask, gw: "Gateway") -> None:
         for name, typ in (("session_id", str), ("task_id", str), ("metadata", dict)):
             if body.get(name) is not None and not isinstance(body[name], typ):
                 return problem(400, "Bad Request", f"field '{name}' must be a {typ.__name__}")
+        try:
+            policy = sampling.validate(body.get("sampling"), "sampling")
+        except sampling.PolicyError as exc:
+            return problem(400, "Bad Request", str(exc))
         session_id = body.get("session_id") or uuid.uuid4().hex
         try:
-            session, created = gw.store.create_session(session_id, body.get("task_id"), body.get("metadata"))
+            session, created = gw.store.create_session(session_id, body.get("task_id"), body.get("metadata"),
+                                                       policy)
         except StoreUnavailable as exc:
             return problem(503, "Service Unavailable", str(exc))
         resp = jsonify({"session_id": session.session_id, "key": session.key,
                         "base_urls": gw.base_urls(session.key), "task_id": session.task_id,
-                        "metadata": session.metadata, "created": created})
+                        "metadata": session.metadata, "sampling": session.sampling, "created": created,
+                        "max_model_len": gw.pool.max_model_len()})
         resp.status_code = 201 if created else 200
         return resp
 
@@ -85,11 +92,29 @@ def register(app: Flask, gw: "Gateway") -> None:
             return problem(401, "Unauthorized", "a valid bearer token is required")
         try:
             session = gw.store.get_session(session_id)
+            if session is None:
+                return problem(404, "Not Found", f"no session {session_id!r}")
+            inflight = gw.store.inflight_calls(session_id)
+            cancelled = gw.store.is_session_cancelled(session_id)
         except StoreUnavailable as exc:
             return problem(503, "Service Unavailable", str(exc))
-        if session is None:
-            return problem(404, "Not Found", f"no session {session_id!r}")
-        return jsonify({**session.to_dict(), "base_urls": gw.base_urls(session.key)})
+        return jsonify({**session.to_dict(), "base_urls": gw.base_urls(session.key),
+                        "inflight_calls": inflight, "cancelled": cancelled})
+
+    @app.post("/sessions/<session_id>/cancel")
+    def cancel_session(session_id: str) -> Response:
+        """Nobody wants this session's generations any more (task cancelled, harness stopped at
+        its budget): calls in flight are aborted upstream, new ones are refused (403)."""
+        if not authorised():
+            return problem(401, "Unauthorized", "a valid bearer token is required")
+        try:
+            if gw.store.get_session(session_id) is None:
+                return problem(404, "Not Found", f"no session {session_id!r}")
+            gw.store.cancel_session(session_id)
+            inflight = gw.store.inflight_calls(session_id)
+        except StoreUnavailable as exc:
+            return problem(503, "Service Unavailable", str(exc))
+        return jsonify({"session_id": session_id, "cancelled": True, "inflight_calls": inflight})
 
     @app.get("/sessions/<session_id>/calls")
     def calls(session_id: str) -> Response:

@@ -58,11 +58,12 @@ class Upstream:
     last_error: str | None = None
     last_check: float = 0.0
     models: list[str] = field(default_factory=list)
+    max_model_len: int | None = None  # of its first model, from /v1/models (vLLM reports it)
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.root, "healthy": self.healthy, "token_ids": self.token_ids,
                 "stream_token_ids": self.stream_token_ids, "models": self.models,
-                "last_error": self.last_error}
+                "max_model_len": self.max_model_len, "last_error": self.last_error}
 
 
 def _weight(root: str, key: str) -> int:
@@ -533,7 +534,10 @@ class UpstreamPool:
         try:
             resp = self.http.get(f"{up.root}/v1/models", timeout=(self.connect_timeout, 10))
             resp.raise_for_status()
-            up.models = [m.get("id") for m in resp.json().get("data", [])]
+            data = resp.json().get("data", [])
+            up.models = [m.get("id") for m in data]
+            lens = [m.get("max_model_len") for m in data[:1] if isinstance(m.get("max_model_len"), int)]
+            up.max_model_len = lens[0] if lens else None
             up.healthy, up.last_error = True, None
         except (requests.exceptions.RequestException, ValueError) as exc:
             up.healthy, up.last_error = False, str(exc)
@@ -599,6 +603,11 @@ class UpstreamPool:
             if up.models:
                 return up.models[0]
         return None
+
+    def max_model_len(self) -> int | None:
+        """The served model's context length (the smallest any upstream reports), if known."""
+        lens = [up.max_model_len for up in self.upstreams if up.max_model_len]
+        return min(lens) if lens else None
 
     def start_health_thread(self, model: str | None = None) -> None:
         if self._thread:

@@ -1,0 +1,251 @@
+"""Calls in flight at the gateway: the task's sampling policy over the harness's, and upstream
+work stopped as soon as nobody wants it.
+
+- Every call of a session is sent with the session's sampling policy (`agent.sampling` of its
+  task, given at `POST /sessions`) applied over what the harness asked for; the record keeps
+  both (`params` as sent, `requested_params`).
+- Each generation is registered while it runs (per session in Redis, so postrun can wait for the
+  calls still in flight before it builds) and watched by one thread per gateway process. When
+  its session is cancelled (`POST /sessions/<id>/cancel`: a task cancel or a harness stopped at
+  its budget), or its client went away, the upstream connection is closed: vLLM aborts a
+  streamed request whose connection closes. Plain (non-streamed) calls are streamed from the
+  upstream internally for that reason, and assembled into the same result.
+- What was sampled before the abort stays in the record (status `error`, error `cancelled: ...`).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .. import sampling
+from ..model import CaptureRecord
+from ..store import GatewayStore, StoreUnavailable
+from .adapters.base import ChatRequest, ChatResult, GatewayError
+from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
+
+if TYPE_CHECKING:
+    from .upstream import UpstreamStream
+
+log = logging.getLogger("polar_mq.calls")
+
+CLIENT_GONE = "the client closed its connection"
+SESSION_CANCELLED = "the session was cancelled"
+
+
+class SessionPolicies:
+    """Sampling policy per session, read once (a session's policy never changes); bounded LRU."""
+
+    def __init__(self, store: GatewayStore, max_sessions: int = 4096):
+        self.store = store
+        self.max_sessions = max_sessions
+        self._cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        with self._lock:
+            if session_id in self._cache:
+                self._cache.move_to_end(session_id)
+                return self._cache[session_id]
+        session = self.store.get_session(session_id)
+        policy = dict(session.sampling or {}) if session is not None else {}
+        with self._lock:
+            self._cache[session_id] = policy
+            while len(self._cache) > self.max_sessions:
+                self._cache.popitem(last=False)
+        return policy
+
+
+def enforce(req: ChatRequest, policy: dict[str, Any]) -> dict[str, Any]:
+    """Apply the policy to `req.params` in place; returns what the harness requested."""
+    requested = dict(req.params)
+    req.params = sampling.apply(requested, policy)
+    return requested
+
+
+@dataclass
+class Inflight:
+    """One generation in flight: why it was aborted (None while wanted) and how to stop it."""
+
+    session_id: str
+    call_id: str
+    client_socket: socket.socket | None = None  # plain calls: watched for a closed connection
+    reason: str | None = None
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_abort(self, closer: Callable[[], None]) -> None:
+        with self._lock:
+            self._closers.append(closer)
+            fire = self.reason is not None
+        if fire:
+            closer()
+
+    def abort(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+            closers, self._closers = list(self._closers), []
+        for close in closers:
+            try:
+                close()
+            except Exception:  # closing a broken connection must not raise
+                pass
+
+    def error(self, started: bool = True) -> GatewayError:
+        """A 403 in the client's shape: retrying cannot help a cancelled session."""
+        what = "the upstream generation was aborted" if started else "no new generations are started"
+        return GatewayError("permission", f"cancelled: {self.reason}; {what}", retryable=False)
+
+
+def client_closed(sock: socket.socket | None) -> bool:
+    """Whether the peer closed this (idle) client connection: readable with nothing to read."""
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+class CallRegistry:
+    """The gateway process's calls in flight, watched by one thread: session cancellations (from
+    Redis, one pipeline per tick for all sessions) and closed client connections abort them."""
+
+    def __init__(self, store: GatewayStore, interval: float = 0.25):
+        self.store = store
+        self.interval = interval
+        self._calls: dict[str, Inflight] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self, session_id: str, call_id: str, client_socket: socket.socket | None = None) -> Inflight:
+        """Register a generation; refused (GatewayError) when its session is already cancelled."""
+        call = Inflight(session_id, call_id, client_socket)
+        try:
+            if self.store.is_session_cancelled(session_id):
+                call.reason = SESSION_CANCELLED
+                raise call.error(started=False)
+            self.store.call_started(session_id, call_id)
+        except StoreUnavailable:
+            pass  # recording still works through the spool; cancellation is best effort then
+        with self._lock:
+            self._calls[call_id] = call
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="call-watch", daemon=True)
+                self._thread.start()
+        return call
+
+    def finish(self, call: Inflight) -> None:
+        """After the record is stored: the call no longer counts as in flight."""
+        with self._lock:
+            self._calls.pop(call.call_id, None)
+        try:
+            self.store.call_finished(call.session_id, call.call_id)
+        except StoreUnavailable:
+            pass
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                calls = list(self._calls.values())
+            if not calls:
+                continue
+            for call in calls:
+                if call.reason is None and client_closed(call.client_socket):
+                    call.abort(CLIENT_GONE)
+            sessions = sorted({c.session_id for c in calls if c.reason is None})
+            try:
+                cancelled = self.store.cancelled_sessions(sessions)
+            except StoreUnavailable:
+                continue
+            except Exception:  # the watcher must keep running
+                log.exception("cancellation check failed")
+                continue
+            for call in calls:
+                if call.session_id in cancelled:
+                    call.abort(SESSION_CANCELLED)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def client_socket(environ: dict[str, Any]) -> socket.socket | None:
+    """The client's connection under gunicorn or werkzeug (None where the server hides it)."""
+    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator,
+                on_events: Callable[[list], None] | None = None) -> GatewayError | None:
+    """Feed an open upstream stream into `acc` to its end or until the call is aborted (the
+    connection is closed at once, which is how vLLM learns to stop); returns the abort error."""
+    call.on_abort(handle.close)
+    try:
+        for chunk in handle.chunks():
+            events = acc.feed(chunk)
+            if events and on_events is not None:
+                on_events(events)
+            if call.reason is not None:
+                break
+    except GatewayError:
+        if call.reason is None:
+            raise
+    if call.reason is not None:
+        handle.close()
+        return call.error()
+    return None
+
+
+def plain_chat(pool: UpstreamPool, body: dict[str, Any], record: CaptureRecord, call: Inflight,
+               stream_ok: bool) -> tuple[ChatResult, str]:
+    """A non-streamed generation that can still be aborted: streamed from the upstream and
+    assembled, when the upstream streams token ids; else one plain request (which then runs to
+    its end upstream). Partial results of an aborted call are kept by the caller."""
+    if stream_ok and pool.can_stream(record.session_id):
+        stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            handle = pool.open_stream(stream_body, record.session_id)
+        except NoStreamIds:
+            handle = None
+        if handle is not None:
+            acc = StreamAccumulator()
+            try:
+                err = read_stream(handle, call, acc)
+            finally:
+                handle.close()
+            if err is not None:
+                raise Aborted(err, acc.result() if acc.started else None, handle.url)
+            if not acc.finished:
+                raise GatewayError("upstream_error", f"upstream {handle.url} ended the stream before "
+                                   "its answer finished")
+            result = acc.result()
+            if result.completion_token_ids is None or result.notes:
+                pool.mark_no_stream_ids(handle.url)
+            return result, handle.url
+    if call.reason is not None:
+        raise call.error()
+    return pool.chat(body, record.session_id)
+
+
+class Aborted(Exception):
+    """A generation aborted mid-way: the error for the client and what was sampled so far."""
+
+    def __init__(self, error: GatewayError, partial: ChatResult | None, url: str):
+        super().__init__(error.message)
+        self.error = error
+        self.partial = partial
+        self.url = url

@@ -1,0 +1,169 @@
+"""Sampling the trainer can trust, and no upstream work nobody wants.
+
+Real gateway process, real redis-server, the stand-in model server (which reports, as vLLM
+would see them, the sampling parameters it received and the generations that were aborted),
+official SDKs and plain HTTP as clients.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from conftest import GatewayHandle, start_gateway, start_model_server, stop
+
+TOKEN_MS = 25
+LONG = "polar:long tell me a long story"
+
+
+@pytest.fixture(scope="module")
+def slow_upstream(log_dir) -> str:
+    server = start_model_server(log_dir, "--max-model-len", "65536", "--token-latency-ms", str(TOKEN_MS),
+                                name="ms-cancel")
+    yield server.url
+    stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def gw(log_dir, redis_url, slow_upstream) -> GatewayHandle:
+    server = start_gateway(log_dir, redis_url, [slow_upstream], name="gw-cancel")
+    yield GatewayHandle(url=server.url, upstream_url=slow_upstream, redis_url=redis_url, server=server)
+    stop(server.proc)
+
+
+def generations(gw: GatewayHandle) -> dict:
+    return requests.get(f"{gw.upstream_url}/polar/generations", timeout=10).json()
+
+
+def wait_record(gw: GatewayHandle, sid: str, n: int = 1, timeout: float = 20.0) -> list[dict]:
+    deadline = time.time() + timeout
+    while True:
+        calls = gw.calls(sid)
+        if len(calls) >= n or time.time() > deadline:
+            assert len(calls) == n, calls
+            return calls
+        time.sleep(0.05)
+
+
+def wait_aborted(gw: GatewayHandle, before: int, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        snap = generations(gw)
+        if len(snap["aborted"]) > before or time.time() > deadline:
+            assert len(snap["aborted"]) > before, snap
+            return snap["aborted"][-1]
+        time.sleep(0.05)
+
+
+# --- sampling policy ---------------------------------------------------------------------------
+def test_session_policy_overrides_what_the_harness_asks_and_both_are_recorded(gw):
+    policy = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "max_tokens": 5, "seed": 11, "stop": ["\n\n"]}
+    s = gw.new_session(sampling=policy)
+    assert s["sampling"] == policy
+    client = anthropic.Anthropic(base_url=s["base_urls"]["anthropic"], api_key=s["key"])
+    msg = client.messages.create(model="m", max_tokens=300, extra_body={"temperature": 0.0, "top_p": 0.5},
+                                 messages=[{"role": "user", "content": LONG}])
+    assert msg.stop_reason == "max_tokens"  # the cap (5), not the harness's 300
+    (rec,) = wait_record(gw, s["session_id"])
+    sent = generations(gw)["recent"][-1]["params"]
+    assert sent == {k: policy[k] for k in policy}  # what reached the upstream
+    assert {k: rec["params"][k] for k in policy} == policy
+    assert rec["requested_params"]["temperature"] == 0.0 and rec["requested_params"]["max_tokens"] == 300
+    assert rec["requested_params"]["top_p"] == 0.5 and len(rec["completion_token_ids"]) == 5
+
+
+def test_max_tokens_is_a_cap_a_smaller_request_keeps_its_limit(gw):
+    s = gw.new_session(sampling={"max_tokens": 50})
+    client = openai.OpenAI(base_url=s["base_urls"]["openai"], api_key=s["key"])
+    client.chat.completions.create(model="m", max_tokens=3, messages=[{"role": "user", "content": LONG}])
+    (rec,) = wait_record(gw, s["session_id"])
+    assert rec["params"]["max_tokens"] == 3 and rec["requested_params"]["max_tokens"] == 3
+
+
+def test_bad_policy_is_a_400_naming_the_field(gw):
+    resp = requests.post(f"{gw.url}/sessions", json={"sampling": {"top_p": 2}}, timeout=10)
+    assert resp.status_code == 400 and "sampling.top_p" in resp.json()["detail"]
+
+
+# --- aborting upstream work --------------------------------------------------------------------
+def test_client_gone_mid_stream_aborts_the_upstream_generation(gw):
+    s = gw.new_session()
+    before = len(generations(gw)["aborted"])
+    resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", stream=True, timeout=30,
+                         json={"model": "m", "stream": True, "messages": [{"role": "user", "content": LONG}]})
+    pieces = 0
+    for line in resp.iter_lines():
+        if b'"content":"' in line and b'"content":""' not in line:
+            pieces += 1
+            if pieces == 3:
+                break
+    resp.close()  # the harness was killed
+    aborted = wait_aborted(gw, before)
+    assert 3 <= aborted["sent_tokens"] < aborted["planned_tokens"] / 2
+    (rec,) = wait_record(gw, s["session_id"])
+    assert rec["status"] == "error" and rec["error"].startswith("permission: cancelled: the client closed")
+    # What was sampled before the abort is kept, ids and logprobs aligned.
+    assert 3 <= len(rec["completion_token_ids"]) == len(rec["completion_logprobs"]) <= aborted["sent_tokens"]
+
+
+def test_session_cancel_aborts_a_plain_call_and_refuses_new_ones(gw):
+    s = gw.new_session()
+    before = len(generations(gw)["aborted"])
+    out: dict = {}
+
+    def call() -> None:
+        t0 = time.monotonic()
+        out["resp"] = requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=60,
+                                    json={"model": "m", "messages": [{"role": "user", "content": LONG}]})
+        out["s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.6)
+    r = requests.post(f"{gw.url}/sessions/{s['session_id']}/cancel", timeout=10)
+    assert r.status_code == 200 and r.json()["cancelled"] is True
+    t.join(30)
+    aborted = wait_aborted(gw, before)
+    assert aborted["sent_tokens"] < aborted["planned_tokens"]
+    resp = out["resp"]
+    assert resp.status_code == 403 and "cancelled" in resp.json()["error"]["message"]
+    (rec,) = wait_record(gw, s["session_id"])
+    assert rec["status"] == "error" and rec["completion_token_ids"]  # the sampled prefix is kept
+    # New calls of a cancelled session are refused in the provider's shape and never go upstream.
+    n = len(generations(gw)["recent"])
+    client = anthropic.Anthropic(base_url=s["base_urls"]["anthropic"], api_key=s["key"], max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as err:
+        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 403 and "no new generations" in err.value.message
+    assert len(generations(gw)["recent"]) == n
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 0
+
+
+def test_client_gone_during_a_plain_call_aborts_it(gw):
+    s = gw.new_session()
+    before = len(generations(gw)["aborted"])
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=(5, 0.8),
+                      json={"model": "m", "messages": [{"role": "user", "content": LONG}]})
+    aborted = wait_aborted(gw, before)
+    assert aborted["sent_tokens"] < aborted["planned_tokens"]
+    (rec,) = wait_record(gw, s["session_id"])
+    assert rec["status"] == "error" and "client closed" in rec["error"]
+
+
+def test_inflight_calls_are_visible_until_recorded(gw):
+    s = gw.new_session()
+    t = threading.Thread(target=lambda: requests.post(
+        f"{s['base_urls']['openai']}/chat/completions", timeout=60,
+        json={"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": LONG}]}))
+    t.start()
+    time.sleep(0.4)
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 1
+    t.join(30)
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 0
+    assert wait_record(gw, s["session_id"])[0]["status"] == "ok"
