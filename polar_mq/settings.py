@@ -81,6 +81,9 @@ class PipelineSettings:
     callback_backoff: float = 1.0  # seconds, doubled per attempt (capped at 60)
     pause_wait: float = 60.0  # admin pause: how long to wait for in-flight generations
     gateway_heartbeat_ttl: float = 10.0  # a gateway silent this long is dead: its calls do not block a pause
+    postrun_wait: float = 30.0  # postrun waits this long for the session's calls still in flight
+    keep_workdirs: bool = False  # keep each session's work dir and HOME after postrun (logs stay)
+    retention_seconds: float = 7 * 24 * 3600.0  # a finished task's Redis data lives this long after export/ack
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -100,6 +103,9 @@ class PipelineSettings:
         s.callback_retries = int(env.get("POLAR_CALLBACK_RETRIES") or s.callback_retries)
         s.callback_backoff = _env_float("POLAR_CALLBACK_BACKOFF", s.callback_backoff)
         s.gateway_heartbeat_ttl = _env_float("POLAR_GATEWAY_HEARTBEAT_TTL", s.gateway_heartbeat_ttl)
+        s.postrun_wait = _env_float("POLAR_POSTRUN_WAIT", s.postrun_wait)
+        s.keep_workdirs = env.get("POLAR_KEEP_WORKDIRS", "0").lower() in ("1", "true", "yes")
+        s.retention_seconds = _env_float("POLAR_RETENTION_SECONDS", s.retention_seconds)
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

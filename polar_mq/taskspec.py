@@ -46,6 +46,7 @@ class RuntimeSpec:
     memory_mb: int | None = None
     allow_internet: bool = False
     gpus: int | None = None
+    keep_workdir: bool = False  # keep the session's work dir and HOME after postrun (default: removed)
 
 
 @dataclass
@@ -73,8 +74,11 @@ class TaskRequest:
     def fingerprint(self) -> str:
         """Identity of the request body for idempotent resubmits (task_id excluded)."""
         body = {k: v for k, v in self.to_dict().items() if k != "task_id"}
-        if not body["agent"].get("sampling"):  # tasks stored before agent.sampling existed agree
+        # Tasks stored before these fields existed keep their fingerprint while they are unset.
+        if not body["agent"].get("sampling"):
             body["agent"].pop("sampling", None)
+        if not body["runtime"].get("keep_workdir"):
+            body["runtime"].pop("keep_workdir", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -153,7 +157,7 @@ def parse_task(data: Any) -> TaskRequest:
 
     rt = _get(data, "runtime", dict, "", default={})
     _no_unknown(rt, {"backend", "image", "env", "workdir", "prepare", "cpus", "memory_mb",
-                     "allow_internet", "gpus"}, "runtime.")
+                     "allow_internet", "gpus", "keep_workdir"}, "runtime.")
     backend = _get(rt, "backend", str, "runtime.", default="local")
     if backend not in BACKENDS:
         raise ValidationError("runtime.backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -170,7 +174,8 @@ def parse_task(data: Any) -> TaskRequest:
         workdir=_get(rt, "workdir", str, "runtime."), prepare=prepare,
         cpus=_get(rt, "cpus", (int, float), "runtime."), memory_mb=_get(rt, "memory_mb", int, "runtime."),
         allow_internet=_get(rt, "allow_internet", bool, "runtime.", default=False),
-        gpus=_get(rt, "gpus", int, "runtime."))
+        gpus=_get(rt, "gpus", int, "runtime."),
+        keep_workdir=_get(rt, "keep_workdir", bool, "runtime.", default=False))
     if backend in ("docker", "apptainer") and not runtime.image:
         raise ValidationError("runtime.image", f"is required for the {backend} backend")
 

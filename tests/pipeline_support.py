@@ -95,7 +95,9 @@ def make_pipeline(gateway, base: Path, *, redis_server=None, **env: str) -> Pipe
     settings = {"POLAR_REDIS_URL": server.url, "POLAR_GATEWAY_URL": gateway.url,
                 "POLAR_SESSIONS_DIR": str(base / "sessions"), "POLAR_RESULTS_DIR": str(base / "results"),
                 "POLAR_LEASE_TTL": "3", "POLAR_JANITOR_INTERVAL": "1", "POLAR_READY_CAPACITY": "2",
-                "POLAR_CALLBACK_BACKOFF": "0.2", **env}
+                "POLAR_CALLBACK_BACKOFF": "0.2",
+                # Tests look into finished sessions' work dirs; test_longrun_cleanup checks removal.
+                "POLAR_KEEP_WORKDIRS": "1", **env}
     p = Pipeline(redis_url=server.url, gateway_url=gateway.url, env=settings, log_dir=base)
     p.redis_server = server
     return p

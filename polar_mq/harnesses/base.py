@@ -17,6 +17,8 @@ class HarnessContext:
     home: Path  # the session's HOME (config files go here)
     workdir: Path
     options: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int | None = None  # the served model's context length (None: unknown)
+    sampling: dict[str, Any] = field(default_factory=dict)  # the task's agent.sampling
 
 
 @dataclass

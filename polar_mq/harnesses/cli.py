@@ -14,6 +14,9 @@ runs the command in the session's work dir and writes its output to the session'
 * ``extra_args``: a list of extra argv words appended to the CLI's command.
 * ``env``: extra environment variables.
 * ``bin``: the CLI executable to use instead of the installed pinned one.
+* ``context_window`` / ``max_output_tokens``: what the CLI is told about its model (claude_code:
+  output only; codex, opencode, pi: both); default the served model's ``max_model_len`` (see
+  :mod:`polar_mq.harnesses.limits`).
 * ``install_dir``: the harness cache dir (default ``$POLAR_HARNESS_DIR`` or
   ``~/.cache/polar_mq/harnesses``); a runtime with its own filesystem (docker) mounts it.
 """
@@ -25,7 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import configs, install
+from . import configs, install, limits
 from .base import HarnessContext, Launch, session_env
 
 MAX_TURNS_FLAG = {"claude_code": "--max-turns"}
@@ -59,13 +62,15 @@ class CliHarness:
 
     def launch(self, ctx: HarnessContext) -> Launch:
         opts = dict(ctx.options or {})
-        known = {"api", "max_turns", "extra_args", "env", "bin", "install_dir"}
+        known = {"api", "max_turns", "extra_args", "env", "bin", "install_dir", "context_window",
+                 "max_output_tokens"}
         unknown = sorted(set(opts) - known)
         if unknown:
             raise ValueError(f"agent.options.{unknown[0]}: unknown option for {self.name} "
                              f"(known: {', '.join(sorted(known))})")
+        model_limits = limits.resolve(ctx.max_model_len, opts, ctx.sampling)
         built = configs.build(self.name, ctx.home, ctx.base_urls, ctx.key, ctx.model, ctx.instruction,
-                              api=opts.get("api"), bin=resolve_bin(self.name, opts))
+                              api=opts.get("api"), bin=resolve_bin(self.name, opts), limits=model_limits)
         argv = list(built.argv)
         turns = opts.get("max_turns")
         if turns is not None:

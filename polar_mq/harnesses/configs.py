@@ -24,6 +24,11 @@ import os
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Union
 
+from .limits import ModelLimits, resolve
+
+#: What a harness is told when the caller passes no limits (no upstream to ask).
+DEFAULT_LIMITS = resolve(None)
+
 ANTHROPIC = "anthropic"
 OPENAI_CHAT = "openai_chat"
 OPENAI_RESPONSES = "openai_responses"
@@ -91,7 +96,8 @@ def _openai_v1(base_urls: Mapping[str, str]) -> str:
 # Claude Code
 # --------------------------------------------------------------------------------------------
 def claude_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-                instruction: str, *, api: str = ANTHROPIC, bin: str = "claude") -> Launch:
+                instruction: str, *, api: str = ANTHROPIC, bin: str = "claude",
+                limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """Claude Code: env only (``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``/``ANTHROPIC_MODEL``).
 
     Runs ``claude -p TASK`` with the file/shell tools pre-approved.  The non-essential-traffic
@@ -120,6 +126,7 @@ def claude_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: s
         "DISABLE_BUG_COMMAND": "1",
         "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1",
         "IS_SANDBOX": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(limits.max_output),
     })
     argv = [bin, "-p", instruction, "--model", model,
             "--allowedTools", "Bash Write Edit Read Glob Grep", "--permission-mode", "acceptEdits"]
@@ -133,7 +140,8 @@ CODEX_KEY_ENV = "POLAR_GW_API_KEY"
 
 
 def codex(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-          instruction: str, *, api: str = OPENAI_RESPONSES, bin: str = "codex") -> Launch:
+          instruction: str, *, api: str = OPENAI_RESPONSES, bin: str = "codex",
+          limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """Codex CLI: ``~/.codex/config.toml`` with a custom ``model_provider`` (``OPENAI_BASE_URL``
     is ignored by Codex).  ``wire_api = "responses"`` — this version rejects ``"chat"``.
 
@@ -152,6 +160,8 @@ def codex(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
         'sandbox_mode = "danger-full-access"',
         'check_for_update_on_startup = false',
         'hide_agent_reasoning = true',
+        f'model_context_window = {limits.context_window}',
+        f'model_max_output_tokens = {limits.max_output}',
         '',
         f'[model_providers.{PROVIDER_NAME}]',
         'name = "polar gateway"',
@@ -262,7 +272,8 @@ def qwen_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
 # opencode
 # --------------------------------------------------------------------------------------------
 def opencode(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-             instruction: str, *, api: str = OPENAI_CHAT, bin: str = "opencode") -> Launch:
+             instruction: str, *, api: str = OPENAI_CHAT, bin: str = "opencode",
+             limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """opencode: ``~/.config/opencode/opencode.json`` with one provider whose ``options.baseURL``
     points at the gateway (without it nothing reaches the gateway).  ``openai_chat`` uses
     ``@ai-sdk/openai-compatible``; the other APIs use the AI SDK package of that provider.
@@ -288,7 +299,8 @@ def opencode(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
                 "name": "polar gateway",
                 "options": {"baseURL": base, "apiKey": key},
                 "models": {model: {"name": model, "tool_call": True,
-                                   "limit": {"context": 32768, "output": 4096}}},
+                                   "limit": {"context": limits.context_window,
+                                             "output": limits.max_output}}},
             }
         },
         "model": full,
@@ -333,7 +345,8 @@ PI_APIS = {
 
 
 def pi(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-       instruction: str, *, api: str = OPENAI_CHAT, bin: str = "pi") -> Launch:
+       instruction: str, *, api: str = OPENAI_CHAT, bin: str = "pi",
+       limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """pi: ``~/.pi/agent/models.json`` with one provider (``baseUrl``, ``api`` one of
     ``openai-completions``/``openai-responses``/``anthropic-messages``/``google-generative-ai``,
     literal ``apiKey``).  ``api`` also accepts those pi names.  Runs
@@ -354,7 +367,7 @@ def pi(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
         "api": PI_APIS[api],
         "apiKey": key,
         "models": [{"id": model, "name": model, "reasoning": False, "input": ["text"],
-                    "contextWindow": 32768, "maxTokens": 4096}],
+                    "contextWindow": limits.context_window, "maxTokens": limits.max_output}],
     }
     files = [
         _write_json(agent_dir / "models.json", {"providers": {PROVIDER_NAME: provider}}),
@@ -391,8 +404,14 @@ SUPPORTED_APIS: Dict[str, tuple] = {
 }
 
 
+#: Harnesses whose CLI has a context-window / output-limit setting (given ``limits``). Gemini CLI
+#: and Qwen Code take their limits from their own model tables (no verified setting).
+TAKES_LIMITS = ("claude_code", "codex", "opencode", "pi")
+
+
 def build(harness: str, home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-          instruction: str, *, api: Optional[str] = None, bin: Optional[str] = None) -> Launch:
+          instruction: str, *, api: Optional[str] = None, bin: Optional[str] = None,
+          limits: Optional[ModelLimits] = None) -> Launch:
     """Dispatch to the harness's function; ``api`` defaults to the harness's native API."""
     try:
         fn = BUILDERS[harness]
@@ -401,4 +420,6 @@ def build(harness: str, home: PathLike, base_urls: Mapping[str, str], key: str, 
     kwargs = {"api": api or SUPPORTED_APIS[harness][0]}
     if bin is not None:
         kwargs["bin"] = os.fspath(bin)
+    if limits is not None and harness in TAKES_LIMITS:
+        kwargs["limits"] = limits
     return fn(home, base_urls, key, model, instruction, **kwargs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import time
+
 import requests
 
 from ..pipeline_store import PipelineStore, node_name
@@ -20,11 +22,45 @@ class GatewayClient:
         if token:
             self.http.headers["Authorization"] = f"Bearer {token}"
 
-    def create_session(self, session_id: str, task_id: str, metadata: dict[str, Any]) -> dict[str, Any]:
-        resp = self.http.post(f"{self.url}/sessions", json={"session_id": session_id, "task_id": task_id,
-                                                            "metadata": metadata}, timeout=30)
+    def create_session(self, session_id: str, task_id: str, metadata: dict[str, Any],
+                       sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"session_id": session_id, "task_id": task_id, "metadata": metadata}
+        if sampling:
+            body["sampling"] = sampling
+        resp = self.http.post(f"{self.url}/sessions", json=body, timeout=30)
         resp.raise_for_status()
         return resp.json()
+
+    def cancel(self, session_id: str) -> None:
+        """Abort the session's generations upstream (best effort: the harness is gone anyway)."""
+        try:
+            self.http.post(f"{self.url}/sessions/{session_id}/cancel", timeout=10)
+        except requests.RequestException:
+            pass
+
+    def wait_idle(self, session_id: str, timeout: float) -> int:
+        """Wait (bounded) until none of the session's calls is in flight at the gateway, so that
+        a call that was running when the harness stopped is in the records; returns how many
+        still were in flight when the wait ended (0: all recorded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                resp = self.http.get(f"{self.url}/sessions/{session_id}", timeout=10)
+                n = int(resp.json().get("inflight_calls") or 0) if resp.ok else 0
+            except (requests.RequestException, ValueError):
+                n = 0
+            if n == 0 or time.monotonic() >= deadline:
+                return n
+            time.sleep(0.2)
+
+    def max_model_len(self) -> int | None:
+        """The served model's context length, as the gateway's upstreams report it."""
+        try:
+            ups = self.http.get(f"{self.url}/health", timeout=10).json().get("upstreams") or []
+        except (requests.RequestException, ValueError):
+            return None
+        lens = [u.get("max_model_len") for u in ups if isinstance(u.get("max_model_len"), int)]
+        return min(lens) if lens else None
 
     def calls(self, session_id: str) -> list[dict[str, Any]]:
         resp = self.http.get(f"{self.url}/sessions/{session_id}/calls", timeout=60)

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import merge, states
+from .. import merge, sampling, states
+from ..cleanup import remove_workdirs
 from ..graders.run import run_grading, sft_options
 from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
@@ -33,7 +34,8 @@ def register_gateway(ctx: StageContext, rec: SessionRecord, task: TaskRequest, r
     """A gateway session for this run attempt (a fresh one per attempt, so the calls of a dead
     attempt never mix into the next); returns the session-record fields that point at it."""
     gw_sid = rec.session_id if run_attempt == 0 else f"{rec.session_id}.r{run_attempt}"
-    gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": rec.session_id, **task.metadata})
+    gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": rec.session_id, **task.metadata},
+                                    task.agent.sampling)
     return {"gateway_session_id": gw["session_id"], "gateway_key": gw["key"], "base_urls": gw["base_urls"]}
 
 
@@ -188,7 +190,8 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     launch = harness.launch(HarnessContext(
         session_id=session_id, instruction=task.instruction, model=task.agent.model,
         key=rec.gateway_key or "", base_urls=rec.base_urls, home=Path(rec.runtime["home"]),
-        workdir=Path(rec.runtime["workdir"]), options=task.agent.options))
+        workdir=Path(rec.runtime["workdir"]), options=task.agent.options,
+        max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
     last_check = [0.0]
 
     def should_stop() -> bool:
@@ -210,6 +213,8 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
                           should_stop=should_stop, on_start=on_start)
     if lease.lost.is_set():
         return "lease lost"  # another worker owns the session now
+    if (result.timed_out or result.stopped) and rec.gateway_session_id:
+        ctx.gateway.cancel(rec.gateway_session_id)  # abort its generations upstream (no GPU wasted)
     if result.timed_out:
         outcome, error = states.TIMEOUT, f"harness stopped after {result.duration_s:.1f} s (budget)"
     elif result.stopped:
@@ -240,6 +245,9 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     if rec is None:
         return "skipped"
     outcome = rec.outcome or states.ERROR
+    # A call still running when the harness stopped is recorded once it ends (aborted if the
+    # session was cancelled): wait for it, bounded, so the trajectory keeps it.
+    still = ctx.gateway.wait_idle(rec.gateway_session_id, ctx.settings.postrun_wait) if rec.gateway_session_id else 0
     calls = ctx.gateway.calls(rec.gateway_session_id) if rec.gateway_session_id else []
     try:
         traj = merge.build(task.builder.strategy, calls, task.builder.config or None,
@@ -250,6 +258,8 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
                           builder=task.builder.strategy, stats={"calls": len(calls)})
         outcome, rec.error = states.ERROR, f"builder {task.builder.strategy!r} failed: {exc}"
     traj.error = rec.error
+    traj.stats["calls_in_flight_at_build"] = still
+    traj.metadata["sampling"] = sampling.summary(calls, task.agent.sampling)
     traj.metadata.update({**task.metadata, "harness": task.agent.harness, "model": task.agent.model,
                           "attempt": rec.attempt, "node": rec.node,
                           "gateway_session_id": rec.gateway_session_id})
@@ -285,6 +295,8 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
             get_runtime(task.runtime.backend).stop(rec.runtime)
         except Exception:
             log.exception("teardown failed for %s", session_id)
+    if not (ctx.settings.keep_workdirs or task.runtime.keep_workdir):
+        remove_workdirs(session_dir(ctx, rec))
     rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
                            error=traj.error, stats={**rec.stats, **traj.stats})
     if rec is None:
