@@ -57,6 +57,17 @@ SCHEMAS: dict[str, Any] = {
                     "harness": {"enum": list(HARNESSES)},
                     "model": {"type": "string", "default": "policy"},
                     "options": {"type": "object", "description": "harness-specific; shell needs `command`"},
+                    "sampling": {
+                        "type": "object", "additionalProperties": False,
+                        "description": "enforced by the gateway on every call (max_tokens caps)",
+                        "properties": {
+                            "temperature": {"type": "number", "minimum": 0},
+                            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                            "top_k": {"type": "integer"}, "max_tokens": {"type": "integer", "minimum": 1},
+                            "seed": {"type": "integer"},
+                            "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                        },
+                    },
                 },
             },
             "runtime": {
@@ -70,6 +81,8 @@ SCHEMAS: dict[str, Any] = {
                         "type": "object", "description": "one of exec, upload, write"}},
                     "cpus": {"type": "number"}, "memory_mb": {"type": "integer"},
                     "allow_internet": {"type": "boolean", "default": False}, "gpus": {"type": "integer"},
+                    "keep_workdir": {"type": "boolean", "default": False,
+                                     "description": "keep the work dir and HOME after postrun"},
                 },
             },
             "builder": {"allOf": [_ref("Strategy")],
