@@ -69,6 +69,21 @@ def _harness(args: argparse.Namespace) -> int:
     return install_main(args.rest)
 
 
+def _gc(args: argparse.Namespace) -> int:
+    import json
+
+    from . import retention
+    from .settings import PipelineSettings
+    from .store import Keys, connect
+
+    settings = PipelineSettings.from_env(redis_url=args.redis)
+    report = retention.gc(connect(settings.redis_url), Keys(), older_than=args.older_than,
+                          retention=args.retention if args.retention is not None else settings.retention_seconds,
+                          delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run)
+    print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar-mq", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -111,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--postrun-concurrency", type=int, default=2)
     up.add_argument("--no-flower", action="store_true")
     up.set_defaults(func=_up)
+
+    gc = sub.add_parser("gc", help="expire finished tasks' Redis data and prune their session dirs")
+    gc.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
+    gc.add_argument("--older-than", type=float, default=86400.0, metavar="SECONDS",
+                    help="finished tasks created longer ago than this (default 1 day) get their TTL")
+    gc.add_argument("--retention", type=float, metavar="SECONDS",
+                    help="the TTL to give them (default $POLAR_RETENTION_SECONDS, 7 days)")
+    gc.add_argument("--delete", action="store_true", help="delete those tasks now instead of expiring them")
+    gc.add_argument("--dry-run", action="store_true", help="only report what would be done")
+    gc.set_defaults(func=_gc)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.set_defaults(func=_demo)

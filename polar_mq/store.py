@@ -102,6 +102,17 @@ class Keys:
     def callbacks_done(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}:callback"
 
+    def task_exported(self, task_id: str) -> str:
+        """Set when a finished task's results were exported or acked: its retention runs from then."""
+        return f"{self.prefix}:task:{task_id}:exported"
+
+    def task_keys(self, task_id: str) -> list[str]:
+        return [self.task(task_id), self.task_sessions(task_id), self.task_cancelled(task_id),
+                self.callbacks_done(task_id), self.task_exported(task_id)]
+
+    def session_keys(self, session_id: str) -> list[str]:
+        return [self.session(session_id), self.lease(session_id), self.trajectory(session_id, "result")]
+
     def counter(self) -> str:
         return f"{self.prefix}:metrics"
 

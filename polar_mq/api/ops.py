@@ -8,7 +8,7 @@ from collections import Counter
 import redis
 from flask import Blueprint, Response, jsonify
 
-from .. import states
+from .. import retention, states
 from ..tasks.celery_app import QUEUES
 from ..pause_state import PauseState
 from .context import ctx
@@ -89,6 +89,10 @@ def metrics() -> Response:
            [('{state="pending"}', groups["pending"]), ('{state="leased"}', groups["leased"])])
     metric("polar_mq_gateway_paused", "gauge", "1 when the gateway is paused",
            [("", 1 if c.redis.exists(c.keys.gateway_paused()) else 0)])
+    mem = retention.memory(c.redis)
+    metric("polar_mq_redis_memory_bytes", "gauge", "Redis memory (INFO memory): used, rss, peak, dataset, maxmemory",
+           [(f'{{kind="{k.removeprefix("used_memory_") if k != "used_memory" else "used"}"}}', v)
+            for k, v in mem.items()])
     return Response("\n".join(lines) + "\n", mimetype="text/plain",
                     headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from flask import Blueprint, Response, jsonify, request
 
-from .. import states
+from .. import retention, states
 from ..pipeline_store import Conflict
 from ..taskspec import ValidationError, parse_task
 from ..tasks.celery_app import INIT_TASK
@@ -160,6 +160,9 @@ def task_results(task_id: str) -> Response:
             continue
         if views.trajectory_matches(traj, status, min_reward):
             trajectories.append(traj.to_dict())
+    if records and all(states.is_terminal(r.state) for r in records):
+        # Exported: the finished task's Redis data expires after the retention (retention.py).
+        retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds)
     return jsonify({
         "task_id": task_id,
         "state": views.overall_state(records),
