@@ -85,7 +85,9 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
                     sweep(ctx)
                     from ..runtimes.docker import maybe_sweep  # orphaned session containers
 
-                    maybe_sweep(ctx.store)
+                    reaped = maybe_sweep(ctx.store)
+                    if reaped:  # reported: polar_mq_orphaned_runtimes_reaped_total in /metrics
+                        ctx.store.incr("orphaned_runtimes_reaped", len(reaped))
             except Exception:
                 log.exception("janitor sweep failed")
 
