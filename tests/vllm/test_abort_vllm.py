@@ -1,0 +1,74 @@
+"""Real vLLM (CPU, tiny model): the gateway's aborts stop the generation inside vLLM.
+
+A streamed call whose client hangs up, and a plain call whose session is cancelled, are asked
+for 1800 tokens with `ignore_eos` (~11 s of generation here). vLLM's own /metrics must show the
+request gone from the running batch within a few seconds and far fewer than 1800 tokens generated.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import requests
+
+SERVED = "tiny"
+WANT = 1800
+
+
+def metric(vllm_url: str, name: str) -> float:
+    text = requests.get(f"{vllm_url}/metrics", timeout=10).text
+    values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)]
+    return sum(values)
+
+
+def wait_idle(vllm_url: str, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if metric(vllm_url, "vllm:num_requests_running") == 0:
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError("vLLM still generating: the request was not aborted")
+
+
+def body(stream: bool) -> dict:
+    return {"model": SERVED, "stream": stream, "max_tokens": WANT, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell a very long story."}]}
+
+
+def test_client_gone_mid_stream_aborts_vllm(vllm_gateway, vllm_url):
+    s = vllm_gateway.new_session()
+    tokens0 = metric(vllm_url, "vllm:generation_tokens_total")
+    resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", json=body(True), stream=True, timeout=60)
+    n = 0
+    for line in resp.iter_lines():
+        if line.startswith(b"data: {") and b'"content"' in line:
+            n += 1
+            if n == 5:
+                break
+    resp.close()
+    assert wait_idle(vllm_url, 6.0) < 6.0
+    generated = metric(vllm_url, "vllm:generation_tokens_total") - tokens0
+    assert generated < WANT / 2, generated
+    deadline = time.time() + 10
+    while not vllm_gateway.calls(s["session_id"]) and time.time() < deadline:
+        time.sleep(0.1)
+    (rec,) = vllm_gateway.calls(s["session_id"])
+    assert rec["status"] == "error" and 5 <= len(rec["completion_token_ids"]) < WANT
+
+
+def test_session_cancel_aborts_a_plain_vllm_call(vllm_gateway, vllm_url):
+    s = vllm_gateway.new_session()
+    tokens0 = metric(vllm_url, "vllm:generation_tokens_total")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
+        f"{s['base_urls']['openai']}/chat/completions", json=body(False), timeout=60)))
+    t.start()
+    time.sleep(1.5)
+    assert metric(vllm_url, "vllm:num_requests_running") == 1
+    requests.post(f"{vllm_gateway.url}/sessions/{s['session_id']}/cancel", timeout=10).raise_for_status()
+    t.join(30)
+    assert out["resp"].status_code == 403
+    assert wait_idle(vllm_url, 6.0) < 6.0
+    assert metric(vllm_url, "vllm:generation_tokens_total") - tokens0 < WANT / 2
