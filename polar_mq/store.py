@@ -328,11 +328,18 @@ class GatewayStore:
 
     # --- in-flight calls and cancellation (postrun waits; cancelled sessions abort upstream) ----
     @_guard
-    def call_started(self, session_id: str, call_id: str) -> None:
+    def call_started(self, session_id: str, call_id: str) -> bool:
+        """Register a call in flight unless its session is cancelled (one round trip); returns
+        False, registering nothing, for a cancelled session."""
+        key = self.keys.session_inflight(session_id)
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(self.keys.session_inflight(session_id), call_id, time.time())
-        pipe.expire(self.keys.session_inflight(session_id), 24 * 3600)
-        pipe.execute()
+        pipe.exists(self.keys.session_cancelled(session_id))
+        pipe.hset(key, call_id, time.time())
+        pipe.expire(key, 24 * 3600)
+        cancelled = pipe.execute()[0]
+        if cancelled:
+            self.r.hdel(key, call_id)
+        return not cancelled
 
     @_guard
     def call_finished(self, session_id: str, call_id: str) -> None:

@@ -136,10 +136,9 @@ class CallRegistry:
         """Register a generation; refused (GatewayError) when its session is already cancelled."""
         call = Inflight(session_id, call_id, client_socket)
         try:
-            if self.store.is_session_cancelled(session_id):
+            if not self.store.call_started(session_id, call_id):
                 call.reason = SESSION_CANCELLED
                 raise call.error(started=False)
-            self.store.call_started(session_id, call_id)
         except StoreUnavailable:
             pass  # recording still works through the spool; cancellation is best effort then
         with self._lock:
