@@ -2,7 +2,7 @@
 
 Nothing expired before: a run of weeks filled Redis with every task, session, record and
 trajectory ever made. Now a finished task (every session terminal) whose results were exported
-(`GET /v1/tasks/<id>/results`) or acked by a trainer gets a TTL (`POLAR_RETENTION_SECONDS`,
+(`GET /v1/tasks/<id>/results`) or acked by a trainer (`POST /v1/groups/<id>/ack`) gets a TTL (`POLAR_RETENTION_SECONDS`,
 default 7 days) on every key it owns: the task and its session records, leases, trajectories,
 and its gateway sessions (their records, chunks, key mapping, in-flight and cancel flags,
 gateway-built trajectories), abandoned run attempts included. `polar-mq gc` applies the same to
@@ -129,8 +129,10 @@ def gc(r: redis.Redis, keys: Keys, *, retention: float, older_than: float, delet
             if not dry_run:
                 expire_task(r, keys, task_id, retention)
     if not dry_run:
-        if gone_tasks:
+        if gone_tasks:  # out of the task index and the trainers' group queue
             r.zrem(keys.task_index(), *gone_tasks)
+            r.zrem(keys.groups_pending(), *gone_tasks)
+            r.zrem(keys.groups_leased(), *gone_tasks)
         if sessions_dir:
             report.dirs_pruned = prune_task_dirs(Path(sessions_dir), gone_tasks)
     report.used_memory_after = int(r.info("memory").get("used_memory", 0))

@@ -118,3 +118,13 @@ def test_metrics_show_redis_memory(env):
     used = [line for line in text.splitlines() if line.startswith('polar_mq_redis_memory_bytes{kind="used"}')]
     assert used and int(used[0].split()[-1]) > 100_000
     assert 'polar_mq_redis_memory_bytes{kind="maxmemory"}' in text
+
+
+def test_trainer_ack_starts_the_retention_too(env):
+    p, gateway, api, r = env
+    tid, _ = run_task(p, 1)
+    assert all(t == -1 for t in ttls(r, tid).values())
+    resp = requests.post(f"{api}/v1/groups/{tid}/ack", json={}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    after = ttls(r, tid)
+    assert any(":group:" in k for k in after) and all(4000 < t <= 5000 for t in after.values()), after

@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 from flask import Blueprint, Response, jsonify, request
 
-from .. import states
+from .. import retention, states
 from ..group_queue import ACK_REASONS, Taken
 from ..store import unpack
 from .context import ctx
@@ -123,6 +123,8 @@ def ack(task_id: str) -> Response:
         done = sum(1 for r in records if states.is_terminal(r.state))
         raise Problem(409, f"task {task_id!r} is not finished ({done} of {len(records)} sessions terminal); "
                       "only a finished group can be acked", kind="group-not-finished", task_id=task_id)
+    # Acked: the finished task's Redis data expires after the retention (retention.py).
+    retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds)
     return jsonify({"task_id": task_id, "acked": True, "already_acked": result == 0})
 
 
