@@ -27,6 +27,7 @@ from .completion import (
     sampled_logprob,
     token_deltas,
 )
+from .prompt_chat import read_chat
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
 
@@ -528,18 +529,27 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         L = config.max_model_len
         if len(prompt_ids) + (max_tokens or 0) > L or len(prompt_ids) >= L:
             raise context_error(L, max_tokens)
-        msgs = _messages_from_prompt(prompt_text)
-        reply = decide(msgs, None, scripted=None)
+        chat = read_chat(prompt_text)
+        if chat is not None:  # a rendered conversation (token-in continuation): answer as chat does
+            msgs, tools = chat
+            reply = decide(msgs, tools, scripted=config.scripted)
+        else:
+            reply = decide(_messages_from_prompt(prompt_text), None, scripted=None)
         if reply.fail is not None:
             raise APIError(reply.fail_message or "Scripted failure", reply.fail)
-        reply.tool_calls = []
         ids, text, finish, stop_reason = sample(tok, reply, max_tokens, L - len(prompt_ids), _stops(body),
                                                 bool(body.get("include_stop_str_in_output")))
+        if finish == "tool_calls":  # /v1/completions parses nothing: a natural end is "stop"
+            finish = "stop"
         if reply.sleep or config.latency_ms:
             time.sleep(reply.sleep + config.latency_ms / 1000.0)
         want_ids = state.wants_ids(body)
         k = body.get("logprobs")
         visible = text.replace(tok.eos_token, "")
+        skip_special = bool(body.get("skip_special_tokens", True))
+        if skip_special:  # vLLM's default drops special tokens from text
+            for special in tok.special_ids:
+                visible = visible.replace(special, "")
         lp = None
         if k is not None and k is not False:
             ents = logprob_entries(tok, ids, 0, int(k) if isinstance(k, int) else 0)
@@ -567,7 +577,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 shown = 0
                 last = len(ids) - 1
                 for i, t in enumerate(ids):
-                    piece = dec.decode(tok.raw_bytes(t) if t != tok.eos_token_id else b"")
+                    hidden = t == tok.eos_token_id or (skip_special and tok.is_special(t))
+                    piece = dec.decode(b"" if hidden else tok.raw_bytes(t))
                     piece = piece[: max(0, len(visible) - shown)]
                     shown += len(piece)
                     c = {"index": 0, "text": piece,

@@ -30,6 +30,7 @@ from ..store import GatewayStore, StoreUnavailable, connect
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate
+from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
@@ -81,6 +82,7 @@ class Gateway:
         # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
         # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
         self.passthrough = settings.stream_passthrough
+        self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
 
     # --- model names ----------------------------------------------------------------------------
     @property
@@ -119,8 +121,10 @@ class Gateway:
             body["tools"] = req.tools
         return body
 
-    def call(self, record: CaptureRecord, body: dict[str, Any]) -> Outcome:
-        """One upstream call, recorded whatever happens. Runs on a worker thread for streams."""
+    def call(self, record: CaptureRecord, body: dict[str, Any], upstream: Any = None) -> Outcome:
+        """One upstream call, recorded whatever happens. Runs on a worker thread for streams.
+        `upstream` is the pool (messages path) or a token-in route (tito)."""
+        upstream = upstream or self.pool
         result = error = None
         counted = False
         record.started_at = time.time()
@@ -130,7 +134,7 @@ class Gateway:
             counted = self.pause.admit(record)
             record.started_at = time.time()
             t0 = time.monotonic()
-            result, url = self.pool.chat(body, record.session_id)
+            result, url = upstream.chat(body, record.session_id)
             fill_result(record, result, url)
         except GatewayError as exc:
             error = exc
@@ -162,21 +166,24 @@ class Gateway:
                             retry_count=_int(request.headers.get("x-stainless-retry-count")))
         upstream = self.upstream_body(req)
         record.model_served = upstream["model"]
+        route = self.tito.route(record, req)
         if not req.stream:
-            outcome = self.call(record, upstream)
+            outcome = self.call(record, upstream, route)
             if outcome.error:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
-        self.executor.submit(self.stream_call, record, req, channel)
+        self.executor.submit(self.stream_call, record, req, channel, route)
         return self.stream(mod, req, channel)
 
-    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue) -> None:
+    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
+                    upstream: Any = None) -> None:
         """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
         events go into `channel` as the upstream produces them: ("events", [...]), then, once the
         record is stored, ("finish", result) or ("error", GatewayError). The loop never depends on
         the client: if it goes away the upstream is still read to the end and the call recorded.
         An upstream that cannot stream token ids gets a non-streaming call, replayed as events."""
+        upstream = upstream or self.pool
         result: ChatResult | None = None
         error: GatewayError | None = None
         acc: StreamAccumulator | None = None
@@ -190,9 +197,9 @@ class Gateway:
             t0 = time.monotonic()
             if not self.passthrough:
                 record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
-            elif self.pool.can_stream(record.session_id):
+            elif upstream.can_stream(record.session_id):
                 try:
-                    handle = self.pool.open_stream(self.upstream_body(req, stream=True), record.session_id)
+                    handle = upstream.open_stream(self.upstream_body(req, stream=True), record.session_id)
                 except NoStreamIds as exc:
                     record.notes.append(f"synthetic stream: upstream {exc} streams without token ids")
             else:
@@ -208,10 +215,10 @@ class Gateway:
                                        "before its answer finished")
                 result = acc.result()
                 if result.completion_token_ids is None or result.notes:
-                    self.pool.mark_no_stream_ids(handle.url)
+                    upstream.mark_no_stream_ids(handle.url)
                 fill_result(record, result, handle.url)
             else:
-                result, url = self.pool.chat(self.upstream_body(req), record.session_id)
+                result, url = upstream.chat(self.upstream_body(req), record.session_id)
                 fill_result(record, result, url)
                 events = list(replay(result))
                 channel.put(("events", events[:-1]))  # the finish waits for the record
