@@ -137,3 +137,14 @@ def gemini_session(s: dict[str, Any], stream: bool, turns: int = 2) -> list[tupl
 
 SESSIONS = {"openai_chat": chat_session, "openai_responses": responses_session,
             "anthropic": anthropic_session, "gemini": gemini_session}
+
+
+def start_tito_gateway(log_dir, redis_url, upstream: str, name: str = "gw-tito"):
+    """A gateway with token-in continuation on (the stand-in's tokenizer), as a GatewayHandle."""
+    from conftest import GatewayHandle, start_gateway
+
+    from polar_mq.model_server.tokenizer import load_tokenizer
+
+    server = start_gateway(log_dir, redis_url, [upstream], "--tito", "on",
+                           "--tokenizer", load_tokenizer().path, name=name)
+    return GatewayHandle(url=server.url, upstream_url=upstream, redis_url=redis_url, server=server)

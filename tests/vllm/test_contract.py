@@ -211,3 +211,41 @@ def test_errors_same_shape(case, vllm_url, standin_url):
     a, b = both(vllm_url, standin_url, "/v1/chat/completions", body)
     assert a.status_code == b.status_code, (a.status_code, a.text, b.status_code, b.text)
     assert_same_shape(a.json(), b.json(), f"error {case}")
+
+
+def _token_in_body(vllm_url: str, messages: list, stream: bool) -> dict:
+    """The token-in continuation request exactly as the gateway's route sends it."""
+    from polar_mq.proxy_app.tito.route import completions_body
+
+    ids = post(vllm_url, "/tokenize", {"model": SERVED, "messages": messages, "tools": [WRITE_TOOL],
+                                       "add_generation_prompt": True}).json()["tokens"]
+    chat = {"model": SERVED, "temperature": 0, "max_tokens": 64, "logprobs": True, "return_token_ids": True}
+    return completions_body(chat, ids, None, stream)
+
+
+@pytest.mark.parametrize("messages", [ASK, AFTER_TOOL], ids=["ask", "after_tool"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_token_in_continuation_request_same(stream, messages, vllm_url, standin_url):
+    """What the gateway's token-in route sends (a rendered conversation as ids, logprobs 0,
+    special tokens kept): same shape, and the overfit model and the stand-in sample the same ids
+    (the stand-in answers a rendered conversation as its chat endpoint would)."""
+    body = _token_in_body(vllm_url, messages, stream)
+    if stream:
+        a, b = both(vllm_url, standin_url, "/v1/completions", body, stream=True)
+        ca, cb = sse_events(a), sse_events(b)
+        assert ca[-1] == cb[-1] == "[DONE]"
+        assert_same_shape(ca[0], cb[0], "token-in first chunk")
+        assert_same_shape(ca[-2], cb[-2], "token-in usage chunk")
+        assert_same_shape(ca[-3], cb[-3], "token-in last token chunk")
+        ids_a = [t for c in ca[:-1] for ch in c["choices"] for t in ch.get("token_ids") or []]
+        ids_b = [t for c in cb[:-1] for ch in c["choices"] for t in ch.get("token_ids") or []]
+        text_a = "".join(ch["text"] for c in ca[:-1] for ch in c["choices"])
+        text_b = "".join(ch["text"] for c in cb[:-1] for ch in c["choices"])
+    else:
+        a, b = both(vllm_url, standin_url, "/v1/completions", body)
+        assert a.status_code == b.status_code == 200, (a.text, b.text)
+        assert_same_shape(a.json(), b.json(), "token-in completion")
+        ids_a, ids_b = a.json()["choices"][0]["token_ids"], b.json()["choices"][0]["token_ids"]
+        text_a, text_b = a.json()["choices"][0]["text"], b.json()["choices"][0]["text"]
+    assert ids_a == ids_b and text_a == text_b
+    assert ("<tool_call>" in text_a) == (messages is ASK)

@@ -79,6 +79,23 @@ def _chat_logprobs(lp: dict[str, Any] | None, start: int, n: int) -> list[dict[s
     return out
 
 
+def completions_body(chat_body: dict[str, Any], prompt_ids: list[int], max_model_len: int | None,
+                     stream: bool) -> dict[str, Any]:
+    """The `/v1/completions` request for a chat request's sampling parameters and a token prompt."""
+    body = {k: v for k, v in chat_body.items() if k not in _CHAT_ONLY}
+    max_tokens = chat_body.get("max_completion_tokens") or chat_body.get("max_tokens")
+    if max_tokens is None and max_model_len:
+        # the chat path's default: whatever the window leaves (at least 1: an overlong prompt
+        # then gets vLLM's own context-length error, as on the messages path)
+        max_tokens = max(1, max_model_len - len(prompt_ids))
+    body.update(prompt=prompt_ids, max_tokens=max_tokens, stream=stream,
+                logprobs=chat_body.get("top_logprobs") or 0, return_token_ids=True,
+                skip_special_tokens=False)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
 class TitoRoute:
     """Generation of one call from `prompt_ids`, answered as if it had been a chat completion."""
 
@@ -93,18 +110,7 @@ class TitoRoute:
 
     # --- the request -----------------------------------------------------------------------------
     def completions_body(self, chat_body: dict[str, Any], stream: bool) -> dict[str, Any]:
-        body = {k: v for k, v in chat_body.items() if k not in _CHAT_ONLY}
-        max_tokens = chat_body.get("max_completion_tokens") or chat_body.get("max_tokens")
-        if max_tokens is None and self.max_model_len:
-            # the chat path's default: whatever the window leaves (at least 1: an overlong prompt
-            # then gets vLLM's own context-length error, as on the messages path)
-            max_tokens = max(1, self.max_model_len - len(self.prompt_ids))
-        body.update(prompt=self.prompt_ids, max_tokens=max_tokens, stream=stream,
-                    logprobs=chat_body.get("top_logprobs") or 0, return_token_ids=True,
-                    skip_special_tokens=False)
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return completions_body(chat_body, self.prompt_ids, self.max_model_len, stream)
 
     # --- the answer ------------------------------------------------------------------------------
     def _message(self, ids: list[int], call_ids: list[str]) -> dict[str, Any]:
