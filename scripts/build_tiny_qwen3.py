@@ -8,7 +8,7 @@ further on multi-turn tool sessions, with the stand-in's tokenizer and a templat
 non-thinking mode: the generation prompt is ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``
 but an assistant turn in history renders without it (and without its reasoning). So on the
 messages path call n+1's prompt is never call n's prompt + sampled ids — the asymmetry token-in
-continuation removes. The model is tuned on both renderings of each history (the template's, and
+continuation removes. The template is ``polar_mq.model_server.templates.QWEN3_STYLE``. The model is tuned on both renderings of each history (the template's, and
 the token-in one: sampled ids kept verbatim), so greedy decoding answers a four-call session
 (ask → write tool call, result → FINAL_TEXT, ask → tool call, result → FINAL_TEXT) either way.
 
@@ -34,31 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import build_tiny_model as base  # noqa: E402
-from polar_mq.model_server.tokenizer import CHAT_TEMPLATE, load_tokenizer  # noqa: E402
-
-# the Qwen3 asymmetry: an empty think block opens every generation, history never shows one
-_HISTORY_REASONING = """{%- set reasoning = none -%}
-{%- if message.reasoning is defined and message.reasoning -%}
-{%- set reasoning = message.reasoning -%}
-{%- elif message.reasoning_content is defined and message.reasoning_content -%}
-{%- set reasoning = message.reasoning_content -%}
-{%- endif -%}
-{%- if reasoning -%}
-{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}
-{%- endif -%}
-"""
-_GEN_PROMPT = """{%- if add_generation_prompt -%}
-{{- '<|im_start|>assistant\\n' -}}
-{%- endif -%}
-"""
-QWEN3_TEMPLATE = CHAT_TEMPLATE.replace(_HISTORY_REASONING, "").replace(_GEN_PROMPT, """{%- if add_generation_prompt -%}
-{{- '<|im_start|>assistant\\n' -}}
-{%- if enable_thinking is not defined or not enable_thinking -%}
-{{- '<think>\\n\\n</think>\\n\\n' -}}
-{%- endif -%}
-{%- endif -%}
-""")
-assert QWEN3_TEMPLATE.count("<think>") == 1 and "reasoning_content" not in QWEN3_TEMPLATE
+from polar_mq.model_server.templates import QWEN3_STYLE as QWEN3_TEMPLATE  # noqa: E402
+from polar_mq.model_server.templates import write_tokenizer_dir  # noqa: E402
+from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
 
 WRITE_TOOL = {"type": "function", "function": {
     "name": "write", "description": "Write content to a file.",
@@ -164,15 +142,7 @@ def main(argv=None) -> int:
     log(f"greedy decoding reproduces every reply after {steps} steps ({time.time() - t0:.0f}s)")
     tmp = Path(tempfile.mkdtemp(prefix=".tok-qwen3-", dir=str(out)))
     try:
-        tok_dir = Path(tok.path)
-        for name in base.TOKENIZER_FILES:
-            if (tok_dir / name).exists():
-                shutil.copy2(tok_dir / name, tmp / name)
-        cfg = json.loads((tmp / "tokenizer_config.json").read_text())
-        cfg["chat_template"] = QWEN3_TEMPLATE
-        (tmp / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
-        (tmp / "chat_template.jinja").write_text(QWEN3_TEMPLATE)
-        base.save(model, tmp, target, stamp)
+        base.save(model, write_tokenizer_dir(tok.path, tmp, QWEN3_TEMPLATE), target, stamp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"qwen3 model -> {target}")

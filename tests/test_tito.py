@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from polar_mq.model_server.tokenizer import load_tokenizer
-from tito_support import PROVIDERS, SESSIONS, WRITE_SCHEMA
+from tito_support import PROVIDERS, SESSIONS, WRITE_SCHEMA, qwen3_tokenizer_dir, start_qwen3_stack
 
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": WRITE_SCHEMA}}]
 
@@ -72,6 +72,35 @@ def test_session_continues_by_tokens(tito_gateway, gateway, provider, stream):
     traj = _trajectory(tito_gateway, on["session_id"])
     assert traj["stats"]["traces"] == 1 and traj["stats"]["delivered_fraction"] == 1.0
     assert traj["stats"]["tito"] == {"calls": 4, "continued": 3, "not_continued": {"first_call": 1}}
+
+
+@pytest.fixture(scope="module")
+def qwen3(log_dir, redis_url, tmp_path_factory):
+    from conftest import stop
+
+    ms, on, off = start_qwen3_stack(log_dir, redis_url, qwen3_tokenizer_dir(tmp_path_factory.mktemp("tok")))
+    yield on, off
+    for proc in (on.server.proc, off.server.proc, ms.proc):
+        stop(proc)
+
+
+@pytest.mark.parametrize("provider,stream", [("openai_chat", False), ("openai_responses", True),
+                                             ("anthropic", False), ("gemini", True)])
+def test_asymmetric_template_breaks_without_tito(qwen3, provider, stream):
+    """A template whose generation prompt is not how history renders (Qwen3's empty think block):
+    with tito off every continuation re-renders the previous answer and the session breaks into
+    several traces; with tito on it is one trace, and the client sees the same answers."""
+    on, off = qwen3
+    s_on, s_off = on.new_session(), off.new_session()
+    assert SESSIONS[provider](s_on, stream) == SESSIONS[provider](s_off, stream)
+    calls, plain = on.calls(s_on["session_id"]), off.calls(s_off["session_id"])
+    assert [c["tito"] for c in calls] == [False, True, True, True]
+    for prev, cur in zip(plain, plain[1:]):
+        head = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert cur["prompt_token_ids"][:len(head)] != head
+    assert _trajectory(on, s_on["session_id"])["stats"]["traces"] == 1
+    stats = _trajectory(off, s_off["session_id"])["stats"]
+    assert stats["traces"] == 4 and stats["breaks"] == 3, stats
 
 
 def _chat(s, msgs, tools=TOOLS, **kw):

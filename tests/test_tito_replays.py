@@ -1,4 +1,5 @@
-"""The real CLI captures (tests/replays) replayed through a gateway with token-in continuation on.
+"""The real CLI captures (tests/replays) replayed through a gateway with token-in continuation on,
+in front of the stand-in serving a Qwen3-style template (which never round-trips).
 
 Every fixture's answers still parse with the official SDK types / follow the provider's event
 sequence, and the call that answers the tool result is continued from the recorded ids of the
@@ -16,16 +17,19 @@ import pytest
 import requests
 
 from test_replays import CHECKS, FIXTURES, REPLAY_KEY, load, provider_of
-from tito_support import start_tito_gateway
+from tito_support import qwen3_tokenizer_dir, start_qwen3_stack
 
 
 @pytest.fixture(scope="module")
-def tito_gateway(log_dir, redis_url, model_server):
+def tito_gateway(log_dir, redis_url, tmp_path_factory):
+    """tito on in front of the stand-in serving the Qwen3-style template (history never renders
+    as sampled: without tito every continuation would break)."""
     from conftest import stop
 
-    gw = start_tito_gateway(log_dir, redis_url, model_server, name="gw-tito-replays")
-    yield gw
-    stop(gw.server.proc)
+    ms, on, off = start_qwen3_stack(log_dir, redis_url, qwen3_tokenizer_dir(tmp_path_factory.mktemp("tok")))
+    yield on
+    for proc in (on.server.proc, off.server.proc, ms.proc):
+        stop(proc)
 
 
 def replay(gw, path: Path) -> list[dict]:
@@ -49,6 +53,7 @@ def replay(gw, path: Path) -> list[dict]:
     return [c for c in gw.calls(sess["session_id"]) if c.get("kind", "generation") == "generation"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FIXTURES, ids=[f"{p.parent.name}-{p.stem}" for p in FIXTURES])
 def test_replay_with_tito(path: Path, tito_gateway) -> None:
     calls = replay(tito_gateway, path)

@@ -139,12 +139,25 @@ SESSIONS = {"openai_chat": chat_session, "openai_responses": responses_session,
             "anthropic": anthropic_session, "gemini": gemini_session}
 
 
-def start_tito_gateway(log_dir, redis_url, upstream: str, name: str = "gw-tito"):
-    """A gateway with token-in continuation on (the stand-in's tokenizer), as a GatewayHandle."""
-    from conftest import GatewayHandle, start_gateway
-
+def qwen3_tokenizer_dir(dest) -> str:
+    """The stand-in tokenizer with the Qwen3-style template (what the gateway's --tokenizer needs
+    when the upstream serves that template)."""
+    from polar_mq.model_server.templates import QWEN3_STYLE, write_tokenizer_dir
     from polar_mq.model_server.tokenizer import load_tokenizer
 
-    server = start_gateway(log_dir, redis_url, [upstream], "--tito", "on",
-                           "--tokenizer", load_tokenizer().path, name=name)
-    return GatewayHandle(url=server.url, upstream_url=upstream, redis_url=redis_url, server=server)
+    return str(write_tokenizer_dir(load_tokenizer().path, dest, QWEN3_STYLE))
+
+
+def start_qwen3_stack(log_dir, redis_url, tokenizer_dir: str):
+    """The stand-in serving the Qwen3-style template, a gateway with tito on and one with it off:
+    (model server, on, off)."""
+    from conftest import GatewayHandle, start_gateway, start_model_server
+
+    ms = start_model_server(log_dir, "--chat-template", "qwen3", "--max-model-len", "65536",
+                            name="ms-qwen3")
+    handles = []
+    for mode in ("on", "off"):
+        extra = ["--tito", mode] + (["--tokenizer", tokenizer_dir] if mode == "on" else [])
+        server = start_gateway(log_dir, redis_url, [ms.url], *extra, name=f"gw-qwen3-{mode}")
+        handles.append(GatewayHandle(url=server.url, upstream_url=ms.url, redis_url=redis_url, server=server))
+    return ms, handles[0], handles[1]

@@ -28,6 +28,7 @@ from .completion import (
     token_deltas,
 )
 from .prompt_chat import read_chat
+from .templates import template
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
 
@@ -43,6 +44,7 @@ class ServerConfig:
     latency_ms: int = 0
     token_latency_ms: float = 0.0  # per sampled token: between stream chunks, summed when not streaming
     cache_dir: str | None = None
+    chat_template: str | None = None  # a variant name (templates.TEMPLATES) or a Jinja file
 
 
 class APIError(Exception):
@@ -193,6 +195,8 @@ class StandIn:
     def __init__(self, config: ServerConfig):
         self.config = config
         self.tok = load_tokenizer(config.cache_dir)
+        if config.chat_template:
+            self.tok = self.tok.with_template(template(config.chat_template))
 
     def check_model(self, body: dict) -> None:
         model = body.get("model")
