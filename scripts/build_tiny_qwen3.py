@@ -130,12 +130,15 @@ def main(argv=None) -> int:
         raise SystemExit(f"build the overfit model first ({source} missing)")
 
     import torch
-    from transformers import Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     torch.manual_seed(base.SEED)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t0 = time.time()
     model = Qwen2ForCausalLM.from_pretrained(str(source), torch_dtype=torch.float32)
+    # the loaded generation_config.json says temperature 0 (save() writes it again): transformers
+    # refuses to save that without do_sample, so start from a clean one
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id)
     log(f"tuning {source} on {len(data)} calls (both renderings of 4-call sessions)")
     base.MIN_STEPS = 25  # tuning an already overfit model: check early
     steps = base.train(model, q, MAX_STEPS, log, data=data)
