@@ -565,7 +565,9 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 "text_offset": offsets,
                 "token_logprobs": [e["logprob"] for e in ents],
                 "tokens": [e["token"] for e in ents],
-                "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} or None for e in ents],
+                # as vLLM 0.32: the sampled token first, then the top k (k = 0: the sampled one alone)
+                "top_logprobs": [{e["token"]: e["logprob"], **{a["token"]: a["logprob"] for a in e["top_logprobs"]}}
+                                 for e in ents],
             }
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
