@@ -134,19 +134,24 @@ def find_parent(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
     retry_of = None
     first_dialogue = next((i for i, m in enumerate(messages) if m.get("role") not in SYSTEM_ROLES),
                           len(messages))
+    def same(i: int, other: dict[str, Any]) -> bool:
+        # identical dicts (the usual case: the same adapter normalised the same history) first
+        return messages[i] == other or keys[i] == message_key(other)
+
     for rec in gens:
         n = len(rec.messages or [])
         if n == 0:
             continue
-        rec_keys = [message_key(m) for m in rec.messages]
-        if keys == rec_keys and retry_of is None and tools_key(rec.tools) == want_tools:
-            retry_of = rec.call_id
         common = 0
-        for a, b in zip(keys, rec_keys):
-            if a != b:
+        for i in range(min(n, len(messages))):
+            if not same(i, rec.messages[i]):
                 break
             common += 1
-        if first_dialogue < len(keys) and keys[first_dialogue] in rec_keys[:first_dialogue + 2]:
+        if common == n == len(messages) and retry_of is None and tools_key(rec.tools) == want_tools:
+            retry_of = rec.call_id
+        if not shares_start and first_dialogue < len(keys) and (
+                common > first_dialogue
+                or any(same(first_dialogue, m) for m in rec.messages[:first_dialogue + 2])):
             shares_start = True  # the same task, said again after an edited system prompt or so
         if common < n or len(messages) < n + 2:
             continue
