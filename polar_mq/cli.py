@@ -22,6 +22,10 @@ def _gateway(args: argparse.Namespace) -> int:
     if not settings.upstreams:
         print("error: give at least one --upstream URL (or set POLAR_UPSTREAMS)", file=sys.stderr)
         return 2
+    if settings.tito == "on" and not settings.tokenizer:
+        print("error: --tito on needs --tokenizer PATH (the served model's tokenizer directory)",
+              file=sys.stderr)
+        return 2
     settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
     if embedded:
         print(f"started embedded redis at {settings.redis_url}", flush=True)
