@@ -15,11 +15,16 @@ def _gateway(args: argparse.Namespace) -> int:
 
     upstreams = args.upstream or []
     settings = GatewaySettings.from_env(host=args.host, port=args.port, served_model=args.served_model,
-                                        public_url=args.public_url)
+                                        public_url=args.public_url, tito=args.tito,
+                                        tokenizer=args.tokenizer)
     if upstreams:
         settings.upstreams = upstreams
     if not settings.upstreams:
         print("error: give at least one --upstream URL (or set POLAR_UPSTREAMS)", file=sys.stderr)
+        return 2
+    if settings.tito == "on" and not settings.tokenizer:
+        print("error: --tito on needs --tokenizer PATH (the served model's tokenizer directory)",
+              file=sys.stderr)
         return 2
     settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
     if embedded:
@@ -98,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--public-url", help="base URL handed to harnesses (default http://HOST:PORT)")
     gw.add_argument("--workers", type=int, help="gunicorn worker processes")
     gw.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
+    gw.add_argument("--tito", choices=["auto", "on", "off"],
+                    help="token-in continuation (default auto: on when --tokenizer is given and the "
+                         "upstream takes token-id prompts; $POLAR_TITO)")
+    gw.add_argument("--tokenizer", help="the served model's tokenizer directory, for --tito "
+                                        "($POLAR_TOKENIZER)")
     gw.set_defaults(func=_gateway)
 
     ms = sub.add_parser("model-server", help="run the vLLM-compatible stand-in model server",

@@ -70,6 +70,10 @@ class CaptureRecord(Record):
     finish_reason: str | None = None
     status: str = "ok"
     error: str | None = None
+    # Token-in continuation (CONTRACT "Token-in continuation"): the prompt was built from the
+    # recorded ids of `parent_call_id`, the call whose conversation this one extends.
+    tito: bool = False
+    parent_call_id: str | None = None
     # Extensions beyond the contract (additive):
     params: dict[str, Any] = field(default_factory=dict)  # sampling parameters sent upstream
     # What the harness asked for, before the task's sampling policy (agent.sampling) was applied.
@@ -84,6 +88,7 @@ class CaptureRecord(Record):
     # pause held the call before it went upstream (not part of latency_ms).
     policy_version: int | None = None
     held_ms: float = 0.0
+    tito_reason: str | None = None  # "continued", or why not (proxy_app/tito/matching.py)
 
 
 @dataclass

@@ -35,6 +35,8 @@ class GatewaySettings:
     check_token_ids: bool = True
     pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
     stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
+    tito: str = "auto"  # token-in continuation: auto | on | off (proxy_app/tito)
+    tokenizer: str | None = None  # the served model's tokenizer directory (needed for tito)
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewaySettings":
@@ -51,6 +53,8 @@ class GatewaySettings:
             spool_dir=env.get("POLAR_SPOOL_DIR") or None,
             max_body_bytes=int(env.get("POLAR_MAX_BODY_BYTES") or 32 * 1024 * 1024),
             stream_passthrough=env.get("POLAR_STREAM_PASSTHROUGH", "1").lower() not in ("0", "false", "no"),
+            tito=env.get("POLAR_TITO") or "auto",
+            tokenizer=env.get("POLAR_TOKENIZER") or None,
         )
         for k, v in overrides.items():
             if v is not None:

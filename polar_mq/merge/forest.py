@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polar_mq.merge.lineage import recorded_parent
 from polar_mq.merge.records import Call
 from polar_mq.merge.trie import PrefixTrie
 
@@ -51,8 +52,13 @@ def find_parents(calls: list[Call]) -> list[int | None]:
     past it, and one walk per call both stores it and finds its parent."""
     trie = PrefixTrie()
     parent: list[int | None] = [None] * len(calls)
+    by_id = {c.call_id: c for c in calls}
     for call in sorted(calls, key=lambda c: (len(c.full), c.index)):
         found = trie.insert(call.full, call.index, report_upto=len(call.prompt))
+        recorded = recorded_parent(call, by_id)
+        if recorded is not None:  # the gateway's own lineage (token-in continuation)
+            parent[call.index] = recorded
+            continue
         for _depth, keys in reversed(found):
             cands = [k for k in keys if len(calls[k].prompt) < len(call.prompt)]  # type: ignore[misc]
             if cands:

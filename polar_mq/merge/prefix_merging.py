@@ -20,7 +20,8 @@ from polar_mq.merge.chains import Chain, cut_chains
 from polar_mq.merge.conversations import group, link_breaks
 from polar_mq.merge.eos import resolve_eos
 from polar_mq.merge.forest import build_forest
-from polar_mq.merge.records import Call, conversation_messages, prepare
+from polar_mq.merge.lineage import tito_stats
+from polar_mq.merge.records import Call, as_record, conversation_messages, prepare
 from polar_mq.merge.roles import Conversation, label_roles
 from polar_mq.merge.stats import base_stats
 from polar_mq.model import CaptureRecord, Trace
@@ -150,7 +151,12 @@ class PrefixMergingBuilder:
             traces.append(asm.trace)
         stats = base_stats(prep, traces)
         stats.update(_merge_stats(chains, convs, eos, eos_source, eos_inserted))
+        stats["tito"] = tito_stats(prep_records(records))
         return BuildResult(traces, stats)
+
+
+def prep_records(records) -> list[CaptureRecord]:
+    return [as_record(r) for r in records]
 
 
 def _merge_stats(chains: list[Chain], convs: list[Conversation], eos: int | None,

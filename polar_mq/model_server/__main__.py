@@ -24,6 +24,8 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
     p.add_argument("--latency-ms", type=int, default=0, help="extra delay before every answer")
     p.add_argument("--token-latency-ms", type=float, default=0.0,
                    help="delay per sampled token (between stream chunks; summed for a whole answer)")
+    p.add_argument("--chat-template", default=None,
+                   help="serve another chat template: a variant name (qwen3) or a Jinja file, as vLLM's flag")
     p.add_argument("--cache-dir", default=None, help="tokenizer cache root (default $POLAR_CACHE_DIR or ~/.cache/polar_mq)")
     return p
 
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_ms=args.latency_ms,
         token_latency_ms=args.token_latency_ms,
         cache_dir=args.cache_dir,
+        chat_template=args.chat_template,
     )
     app = create_app(config)
     server = make_server(args.host, args.port, app, threaded=True)

@@ -28,6 +28,8 @@ from .completion import (
     token_deltas,
 )
 from .generations import GenerationLog
+from .prompt_chat import read_chat
+from .templates import template
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
 
@@ -43,6 +45,7 @@ class ServerConfig:
     latency_ms: int = 0
     token_latency_ms: float = 0.0  # per sampled token: between stream chunks, summed when not streaming
     cache_dir: str | None = None
+    chat_template: str | None = None  # a variant name (templates.TEMPLATES) or a Jinja file
 
 
 class APIError(Exception):
@@ -194,6 +197,8 @@ class StandIn:
         self.config = config
         self.tok = load_tokenizer(config.cache_dir)
         self.generations = GenerationLog()
+        if config.chat_template:
+            self.tok = self.tok.with_template(template(config.chat_template))
 
     def check_model(self, body: dict) -> None:
         model = body.get("model")
@@ -551,18 +556,27 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         L = config.max_model_len
         if len(prompt_ids) + (max_tokens or 0) > L or len(prompt_ids) >= L:
             raise context_error(L, max_tokens)
-        msgs = _messages_from_prompt(prompt_text)
-        reply = decide(msgs, None, scripted=None)
+        chat = read_chat(prompt_text)
+        if chat is not None:  # a rendered conversation (token-in continuation): answer as chat does
+            msgs, tools = chat
+            reply = decide(msgs, tools, scripted=config.scripted)
+        else:
+            reply = decide(_messages_from_prompt(prompt_text), None, scripted=None)
         if reply.fail is not None:
             raise APIError(reply.fail_message or "Scripted failure", reply.fail)
-        reply.tool_calls = []
         ids, text, finish, stop_reason = sample(tok, reply, max_tokens, L - len(prompt_ids), _stops(body),
                                                 bool(body.get("include_stop_str_in_output")))
+        if finish == "tool_calls":  # /v1/completions parses nothing: a natural end is "stop"
+            finish = "stop"
         if reply.sleep or config.latency_ms:
             time.sleep(reply.sleep + config.latency_ms / 1000.0)
         want_ids = state.wants_ids(body)
         k = body.get("logprobs")
         visible = text.replace(tok.eos_token, "")
+        skip_special = bool(body.get("skip_special_tokens", True))
+        if skip_special:  # vLLM's default drops special tokens from text
+            for special in tok.special_ids:
+                visible = visible.replace(special, "")
         lp = None
         if k is not None and k is not False:
             ents = logprob_entries(tok, ids, 0, int(k) if isinstance(k, int) else 0)
@@ -574,7 +588,9 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 "text_offset": offsets,
                 "token_logprobs": [e["logprob"] for e in ents],
                 "tokens": [e["token"] for e in ents],
-                "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} or None for e in ents],
+                # as vLLM 0.32: the sampled token first, then the top k (k = 0: the sampled one alone)
+                "top_logprobs": [{e["token"]: e["logprob"], **{a["token"]: a["logprob"] for a in e["top_logprobs"]}}
+                                 for e in ents],
             }
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -590,7 +606,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 shown = 0
                 last = len(ids) - 1
                 for i, t in enumerate(ids):
-                    piece = dec.decode(tok.raw_bytes(t) if t != tok.eos_token_id else b"")
+                    hidden = t == tok.eos_token_id or (skip_special and tok.is_special(t))
+                    piece = dec.decode(b"" if hidden else tok.raw_bytes(t))
                     piece = piece[: max(0, len(visible) - shown)]
                     shown += len(piece)
                     c = {"index": 0, "text": piece,

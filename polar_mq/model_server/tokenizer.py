@@ -18,6 +18,7 @@ samples (``<think>\\nR\\n</think>\\n\\n`` + content + ``\\n``-separated ``<tool_
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -322,6 +323,13 @@ class ChatTokenizer:
             self.chat_template: str = json.load(f)["chat_template"]
         self._template = _compile_template(self.chat_template)
         self._lock = threading.Lock()
+
+    def with_template(self, chat_template: str) -> "ChatTokenizer":
+        """The same tokenizer rendering with another chat template."""
+        other = copy.copy(self)
+        other.chat_template = chat_template
+        other._template = _compile_template(chat_template)
+        return other
 
     # ---- ids <-> text ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -32,6 +32,7 @@ from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicie
                     plain_chat, read_stream)
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate
+from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
@@ -85,6 +86,7 @@ class Gateway:
         self.passthrough = settings.stream_passthrough
         self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
         self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
+        self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
 
     # --- model names ----------------------------------------------------------------------------
     @property
@@ -123,9 +125,12 @@ class Gateway:
             body["tools"] = req.tools
         return body
 
-    def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight) -> Outcome:
+    def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight,
+             upstream: Any = None) -> Outcome:
         """One upstream call, recorded whatever happens; aborted when its session is cancelled or
-        its client leaves (calls.py)."""
+        its client leaves (calls.py). `upstream` is the pool (messages path) or a token-in route
+        (tito); both offer the same chat/open_stream interface."""
+        upstream = upstream or self.pool
         result = error = None
         counted = False
         record.started_at = time.time()
@@ -135,7 +140,7 @@ class Gateway:
             counted = self.pause.admit(record)
             record.started_at = time.time()
             t0 = time.monotonic()
-            result, url = plain_chat(self.pool, body, record, inflight, self.passthrough)
+            result, url = plain_chat(upstream, body, record, inflight, self.passthrough)
             fill_result(record, result, url)
         except Aborted as exc:
             error = exc.error
@@ -178,23 +183,26 @@ class Gateway:
         record.model_served = upstream["model"]
         inflight = self.registry.start(session_id, record.call_id,
                                        None if req.stream else client_socket(request.environ))
+        route = self.tito.route(record, req)
         if not req.stream:
-            outcome = self.call(record, upstream, inflight)
+            outcome = self.call(record, upstream, inflight, route)
             if outcome.error:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
-        self.executor.submit(self.stream_call, record, req, channel, inflight)
+        self.executor.submit(self.stream_call, record, req, channel, inflight, route)
         return self.stream(mod, req, channel, inflight)
 
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                    inflight: Inflight) -> None:
+                    inflight: Inflight, upstream: Any = None) -> None:
         """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
         events go into `channel` as the upstream produces them: ("events", [...]), then, once the
         record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
         or the session is cancelled the upstream connection is closed (vLLM then aborts the
         generation) and the record keeps what was sampled. An upstream that cannot stream token
-        ids gets a non-streaming call, replayed as events."""
+        ids gets a non-streaming call, replayed as events. `upstream` is the pool
+        or a token-in route (tito)."""
+        upstream = upstream or self.pool
         result: ChatResult | None = None
         error: GatewayError | None = None
         acc: StreamAccumulator | None = None
@@ -208,9 +216,9 @@ class Gateway:
             t0 = time.monotonic()
             if not self.passthrough:
                 record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
-            elif self.pool.can_stream(record.session_id):
+            elif upstream.can_stream(record.session_id):
                 try:
-                    handle = self.pool.open_stream(self.upstream_body(req, stream=True), record.session_id)
+                    handle = upstream.open_stream(self.upstream_body(req, stream=True), record.session_id)
                 except NoStreamIds as exc:
                     record.notes.append(f"synthetic stream: upstream {exc} streams without token ids")
             else:
@@ -225,10 +233,10 @@ class Gateway:
                                        "before its answer finished")
                 result = acc.result()
                 if result.completion_token_ids is None or result.notes:
-                    self.pool.mark_no_stream_ids(handle.url)
+                    upstream.mark_no_stream_ids(handle.url)
                 fill_result(record, result, handle.url)
             else:
-                result, url = plain_chat(self.pool, self.upstream_body(req), record, inflight, False)
+                result, url = plain_chat(upstream, self.upstream_body(req), record, inflight, False)
                 fill_result(record, result, url)
                 events = list(replay(result))
                 channel.put(("events", events[:-1]))  # the finish waits for the record

@@ -57,7 +57,7 @@ def register(app: Flask, gw: "Gateway") -> None:
             warnings.append("an upstream does not return token ids: captured calls are not trainable")
         return jsonify({"status": "ok" if ok and token_ids else "degraded", "redis": redis_ok,
                         "served_model": gw._served_model, "token_ids": token_ids,
-                        "upstreams": ups, "warnings": warnings})
+                        "tito": gw.tito.describe(), "upstreams": ups, "warnings": warnings})
 
     @app.post("/sessions")
     def create_session() -> Response:

@@ -32,6 +32,18 @@ _CONTEXT_WORDS = ("maximum context length", "context length", "too long", "excee
 
 
 T = TypeVar("T")
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def _prompt_ids(chunk: dict[str, Any]) -> list[int] | None:
+    """The prompt ids of a first stream chunk: top level for chat, in the choice for completions."""
+    if chunk.get("prompt_token_ids") is not None:
+        return chunk["prompt_token_ids"]
+    for choice in chunk.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("prompt_token_ids") is not None:
+            return choice["prompt_token_ids"]
+    return None
 
 
 class _Retry(Exception):
@@ -58,12 +70,14 @@ class Upstream:
     last_error: str | None = None
     last_check: float = 0.0
     models: list[str] = field(default_factory=list)
-    max_model_len: int | None = None  # of its first model, from /v1/models (vLLM reports it)
+    max_model_len: int | None = None
+    token_in: bool | None = None  # does /v1/completions take a token-id prompt and return ids?
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.root, "healthy": self.healthy, "token_ids": self.token_ids,
                 "stream_token_ids": self.stream_token_ids, "models": self.models,
-                "max_model_len": self.max_model_len, "last_error": self.last_error}
+                "max_model_len": self.max_model_len, "token_in": self.token_in,
+                "last_error": self.last_error}
 
 
 def _weight(root: str, key: str) -> int:
@@ -422,9 +436,10 @@ class UpstreamPool:
         assert last is not None
         raise answered or last
 
-    def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False) -> requests.Response:
+    def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False,
+              path: str = CHAT_PATH) -> requests.Response:
         try:
-            return self.http.post(f"{up.root}/v1/chat/completions", json=body, stream=stream,
+            return self.http.post(f"{up.root}{path}", json=body, stream=stream,
                                   timeout=(self.connect_timeout, self.timeout))
         except requests.exceptions.ReadTimeout:
             # Retrying a generation that ran out of time would only double the load.
@@ -438,8 +453,13 @@ class UpstreamPool:
     def chat(self, body: dict[str, Any], affinity_key: str) -> tuple[ChatResult, str]:
         """One non-streaming chat completion. Retries connection errors and 5xx with backoff,
         moving to the next upstream; 4xx are mapped to client errors without retrying."""
-        def attempt(up: Upstream) -> tuple[ChatResult, str]:
-            resp = self._post(up, body)
+        return self.post_json(CHAT_PATH, body, affinity_key, parse_chat_response)
+
+    def post_json(self, path: str, body: dict[str, Any], affinity_key: str,
+                  parse: Callable[[dict[str, Any]], T]) -> tuple[T, str]:
+        """One non-streaming call to `path` (chat or token-in completions), retried as `chat`."""
+        def attempt(up: Upstream) -> tuple[T, str]:
+            resp = self._post(up, body, path=path)
             if resp.status_code >= 500:
                 raise _Retry(GatewayError("upstream_error", f"upstream {up.root} answered "
                                           f"{resp.status_code}: {error_message(resp)}"))
@@ -451,7 +471,7 @@ class UpstreamPool:
                 raise _Retry(GatewayError("upstream_error", f"upstream {up.root} sent invalid JSON: {exc}"),
                              answered=False) from exc
             up.healthy = True
-            return parse_chat_response(data), up.root
+            return parse(data), up.root
 
         return self._retrying(affinity_key, attempt)
 
@@ -467,13 +487,14 @@ class UpstreamPool:
                 log.warning("upstream %s streamed without complete token ids: later streams are "
                             "synthesised from non-streaming calls", url)
 
-    def open_stream(self, body: dict[str, Any], affinity_key: str) -> UpstreamStream:
+    def open_stream(self, body: dict[str, Any], affinity_key: str,
+                    path: str = CHAT_PATH) -> UpstreamStream:
         """A streaming chat completion, open and past its first chunk. Bounded retries (connection
         errors, 5xx, a stream that ends or breaks before its first chunk) happen here only: once a
         chunk arrived, the caller owns the stream. Raises NoStreamIds when the first chunk lacks
         the prompt token ids that were asked for (the upstream is then marked as not streaming ids)."""
         def attempt(up: Upstream) -> UpstreamStream:
-            resp = self._post(up, body, stream=True)
+            resp = self._post(up, body, stream=True, path=path)
             if resp.status_code >= 400:
                 try:
                     message = error_message(resp)
@@ -503,7 +524,7 @@ class UpstreamPool:
                     raise map_client_error(code, error)
                 raise _Retry(GatewayError("upstream_error", f"upstream {up.root} failed: {error}"))
             up.healthy = True
-            if body.get("return_token_ids") and first.get("prompt_token_ids") is None:
+            if body.get("return_token_ids") and _prompt_ids(first) is None:
                 stream.close()
                 up.stream_token_ids = False
                 raise NoStreamIds(up.root)
@@ -536,8 +557,8 @@ class UpstreamPool:
             resp.raise_for_status()
             data = resp.json().get("data", [])
             up.models = [m.get("id") for m in data]
-            lens = [m.get("max_model_len") for m in data[:1] if isinstance(m.get("max_model_len"), int)]
-            up.max_model_len = lens[0] if lens else None
+            lens = [m.get("max_model_len") for m in data if isinstance(m.get("max_model_len"), int)]
+            up.max_model_len = lens[0] if lens else up.max_model_len
             up.healthy, up.last_error = True, None
         except (requests.exceptions.RequestException, ValueError) as exc:
             up.healthy, up.last_error = False, str(exc)
@@ -555,6 +576,8 @@ class UpstreamPool:
                 up.last_error = f"token-id probe failed: {exc}"
             if up.token_ids:
                 up.stream_token_ids = self._probe_stream(up, probe)
+                if result is not None:
+                    up.token_in = self._probe_token_in(up, probe["model"], result.prompt_token_ids or [])
             elif up.token_ids is False:
                 up.stream_token_ids = False
             if up.token_ids is False:
@@ -563,6 +586,26 @@ class UpstreamPool:
                           "Use vLLM >= 0.10.2 (or a server that honours return_token_ids).\n" + "!" * 78,
                           up.root)
         return up
+
+    def _probe_token_in(self, up: Upstream, model: str, prompt_ids: list[int]) -> bool | None:
+        """Token-in generation: `/v1/completions` with a token-id prompt gives back that very
+        prompt and the sampled ids (token-in continuation needs both). None: the probe failed."""
+        if not prompt_ids:
+            return None
+        body = {"model": model, "prompt": prompt_ids, "max_tokens": 1, "return_token_ids": True,
+                "logprobs": 0}
+        try:
+            resp = self.http.post(f"{up.root}{COMPLETIONS_PATH}", json=body,
+                                  timeout=(self.connect_timeout, 60))
+            if resp.status_code in (404, 405):
+                return False
+            if not resp.ok:
+                return None
+            choice = (resp.json().get("choices") or [{}])[0]
+        except (requests.exceptions.RequestException, ValueError, AttributeError) as exc:
+            up.last_error = f"token-in probe failed: {exc}"
+            return None
+        return choice.get("prompt_token_ids") == prompt_ids and bool(choice.get("token_ids"))
 
     def _probe_stream(self, up: Upstream, probe: dict[str, Any]) -> bool | None:
         """Does a streamed answer carry the ids (prompt ids first, token ids per chunk, as many as

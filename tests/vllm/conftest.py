@@ -187,3 +187,31 @@ def detokenize(vllm_url):
         assert r.status_code == 200, r.text
         return r.json()["prompt"]
     return _detok
+
+
+@pytest.fixture(scope="session")
+def vllm_qwen3(request, log_dir):
+    """A second real vLLM server: the tiny model with the Qwen3-style template whose generation
+    prompt (`<think>\\n\\n</think>\\n\\n`) is not how history renders (token-in continuation suite).
+    Yields (URL, tokenizer directory). ``POLAR_VLLM_QWEN3_URL`` points at a running one."""
+    model = vllm_cpu.model_path("qwen3")
+    if os.environ.get("POLAR_VLLM_QWEN3_URL"):
+        yield os.environ["POLAR_VLLM_QWEN3_URL"].rstrip("/"), model / "tokenizer"
+        return
+    request.getfixturevalue("vllm_model")  # installs vLLM and builds the models (qwen3 included)
+    port = free_port()
+    log = log_dir / f"vllm-qwen3-{port}.log"
+    fh = open(log, "wb")
+    t = time.time()
+    proc = subprocess.Popen(vllm_cpu.server_command(model, port), stdout=fh, stderr=subprocess.STDOUT,
+                            env=vllm_cpu.server_env(), cwd=str(log_dir), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log, timeout=float(os.environ.get("POLAR_VLLM_START_TIMEOUT", "420")))
+    except Exception:
+        _terminate(proc)
+        raise
+    TIMINGS["qwen3 server start"] = time.time() - t
+    yield url, model / "tokenizer"
+    _terminate(proc)
+    fh.close()

@@ -211,3 +211,52 @@ def test_errors_same_shape(case, vllm_url, standin_url):
     a, b = both(vllm_url, standin_url, "/v1/chat/completions", body)
     assert a.status_code == b.status_code, (a.status_code, a.text, b.status_code, b.text)
     assert_same_shape(a.json(), b.json(), f"error {case}")
+
+
+def _token_in_body(vllm_url: str, messages: list, stream: bool) -> dict:
+    """The token-in continuation request exactly as the gateway's route sends it."""
+    from polar_mq.proxy_app.tito.route import completions_body
+
+    ids = post(vllm_url, "/tokenize", {"model": SERVED, "messages": messages, "tools": [WRITE_TOOL],
+                                       "add_generation_prompt": True}).json()["tokens"]
+    chat = {"model": SERVED, "temperature": 0, "max_tokens": 64, "logprobs": True, "return_token_ids": True}
+    return completions_body(chat, ids, None, stream)
+
+
+def _anonymous_tops(obj):
+    """Completions `top_logprobs` are dicts keyed by token text: keep their shape, not the tokens
+    (the two servers' answers after a tool result differ: other "models")."""
+    for choice in obj.get("choices") or [] if isinstance(obj, dict) else []:
+        lp = choice.get("logprobs") or {}
+        if isinstance(lp.get("top_logprobs"), list):
+            lp["top_logprobs"] = [[type(v).__name__ for v in d.values()] if isinstance(d, dict) else d
+                                  for d in lp["top_logprobs"]]
+    return obj
+
+
+@pytest.mark.parametrize("messages", [ASK, AFTER_TOOL], ids=["ask", "after_tool"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_token_in_continuation_request_same(stream, messages, vllm_url, standin_url):
+    """What the gateway's token-in route sends (a rendered conversation as ids, logprobs 0,
+    special tokens kept): same shape, and for the first turn the overfit model and the stand-in
+    sample the same ids (the stand-in answers a rendered conversation as its chat endpoint would)."""
+    body = _token_in_body(vllm_url, messages, stream)
+    if stream:
+        a, b = both(vllm_url, standin_url, "/v1/completions", body, stream=True)
+        ca, cb = sse_events(a), sse_events(b)
+        assert ca[-1] == cb[-1] == "[DONE]"
+        for i, what in ((0, "first chunk"), (-2, "usage chunk"), (-3, "last token chunk")):
+            assert_same_shape(_anonymous_tops(ca[i]), _anonymous_tops(cb[i]), f"token-in {what}")
+        ids_a = [t for c in ca[:-1] for ch in c["choices"] for t in ch.get("token_ids") or []]
+        ids_b = [t for c in cb[:-1] for ch in c["choices"] for t in ch.get("token_ids") or []]
+        text_a = "".join(ch["text"] for c in ca[:-1] for ch in c["choices"])
+        text_b = "".join(ch["text"] for c in cb[:-1] for ch in c["choices"])
+    else:
+        a, b = both(vllm_url, standin_url, "/v1/completions", body)
+        assert a.status_code == b.status_code == 200, (a.text, b.text)
+        assert_same_shape(_anonymous_tops(a.json()), _anonymous_tops(b.json()), "token-in completion")
+        ids_a, ids_b = a.json()["choices"][0]["token_ids"], b.json()["choices"][0]["token_ids"]
+        text_a, text_b = a.json()["choices"][0]["text"], b.json()["choices"][0]["text"]
+    assert ("<tool_call>" in text_a) == ("<tool_call>" in text_b) == (messages is ASK)
+    if messages is ASK:  # the overfit model was trained to answer this as the stand-in does
+        assert ids_a == ids_b and text_a == text_b
