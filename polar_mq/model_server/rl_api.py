@@ -1,7 +1,8 @@
 """vLLM 0.32's RL endpoints on the stand-in (vLLM serves them with `VLLM_SERVER_DEV_MODE=1`,
 `vllm/entrypoints/rl/online/api_router.py`), same paths and bodies:
 
-- `POST /pause?mode=abort|wait|keep` → `{"status": "paused"}` (an unknown mode: 422 as FastAPI);
+- `POST /pause?mode=abort|wait|keep` → `{"status": "paused"}` (an unknown mode: vLLM's 400
+  validation error, `param: "query.mode"`);
   generations that arrive while paused wait until `/resume`, as vLLM's paused scheduler does;
 - `POST /resume` → `{"status": "resumed"}`; `GET /is_paused` → `{"is_paused": bool}`;
 - `POST /update_weight_version {"new_version": str}` → `{"success": true, "new_version"}`;
@@ -32,6 +33,15 @@ def _json(body: object, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, mimetype="application/json")
 
 
+def _invalid(kind: str, loc: str, msg: str, value: object, **ctx: str) -> Response:
+    """vLLM's answer to a request-validation error: its ErrorResponse, 400, `param` = the field."""
+    detail = {"type": kind, "loc": loc, "msg": msg, "input": str(value)}
+    if ctx:
+        detail["ctx"] = ctx
+    return _json({"error": {"message": f"1 validation error:\n  {detail}", "type": "Bad Request",
+                            "param": loc, "code": 400}}, 400)
+
+
 def register(app: Flask) -> RLState:
     state = RLState()
 
@@ -44,8 +54,8 @@ def register(app: Flask) -> RLState:
     def pause():
         mode = request.args.get("mode", "abort")
         if mode not in MODES:
-            return _json({"detail": [{"type": "literal_error", "loc": ["query", "mode"],
-                                      "msg": "Input should be 'abort', 'wait' or 'keep'", "input": mode}]}, 422)
+            return _invalid("literal_error", "query.mode", "Input should be 'abort', 'wait' or 'keep'", mode,
+                            expected="'abort', 'wait' or 'keep'")
         state.running.clear()
         return _json({"status": "paused"})
 
@@ -62,9 +72,10 @@ def register(app: Flask) -> RLState:
     def update_weight_version():
         body = request.get_json(silent=True)
         version = body.get("new_version") if isinstance(body, dict) else None
+        if version is None:
+            return _invalid("missing", "body.new_version", "Field required", None)
         if not isinstance(version, str):
-            return _json({"detail": [{"type": "missing", "loc": ["body", "new_version"], "msg": "Field required",
-                                      "input": body}]}, 422)
+            return _invalid("string_type", "body.new_version", "Input should be a valid string", version)
         state.weight_version = version
         return _json({"success": True, "new_version": version})
 

@@ -28,8 +28,12 @@ def rl_exchange(url: str) -> list:
     ]:
         r = requests.request(method, url + path, timeout=60, **kwargs)
         out.append((r.status_code, r.json()))
-    bad = requests.post(url + "/pause", params={"mode": "later"}, timeout=30)
-    out.append((bad.status_code, sorted(bad.json())))
+    for path, kwargs in [("/pause", {"params": {"mode": "later"}}),
+                         ("/update_weight_version", {"json": {}}),
+                         ("/update_weight_version", {"json": {"new_version": 5}})]:
+        bad = requests.post(url + path, timeout=30, **kwargs)
+        err = bad.json()["error"]
+        out.append((bad.status_code, err["type"], err["param"], err["code"], err["message"]))
     return out
 
 
