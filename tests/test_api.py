@@ -331,8 +331,11 @@ def test_health_metrics_openapi(api, r, store):
     doc = requests.get(f"{api}/openapi.json", timeout=10).json()
     assert doc["openapi"].startswith("3.1")
     for path in ("/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/results", "/v1/sessions/{session_id}",
-                 "/v1/admin/pause", "/v1/admin/resume", "/health", "/metrics", "/openapi.json"):
+                 "/v1/admin/pause", "/v1/admin/resume", "/v1/admin/status", "/v1/groups/next",
+                 "/v1/groups/{task_id}/ack", "/v1/groups/stats", "/health", "/metrics", "/openapi.json"):
         assert path in doc["paths"], path
+    group = doc["components"]["schemas"]["Group"]
+    assert set(group["required"]) == {"task_id", "metadata", "policy_version", "delivery", "sessions", "trajectories"}
     schema = doc["components"]["schemas"]["TaskRequest"]
     assert schema["required"] == ["instruction", "agent"]
     assert "shell" in schema["properties"]["agent"]["properties"]["harness"]["enum"]

@@ -147,3 +147,37 @@ def test_a_dead_gateway_does_not_block_the_drain(gateway, log_dir, redis_url, mo
         requests.post(f"{api.url}/v1/admin/resume", timeout=10)
         stop(api.proc)
         stop(doomed.proc)
+
+
+def test_a_weight_sync_in_the_middle_of_a_pipeline_session(gateway, api_on_gateway_redis, tmp_path):
+    """A real session (tiny agent: two model calls) whose second call arrives during a sync: its
+    trace shows both versions call by call, and the held time is in the trajectory's stats."""
+    from pipeline_support import agent_task, make_pipeline
+
+    api = api_on_gateway_redis
+    p = make_pipeline(gateway, tmp_path)
+    for stage in ("init", "run", "postrun"):
+        p.start_worker(stage, 1)
+    try:
+        requests.post(f"{api}/v1/admin/resume", json={"policy_version": 7}, timeout=10).raise_for_status()
+        _, sids = p.submit(agent_task(num_samples=1, instruction="Write hello into polar.txt polar:sleep=1.5",
+                                      metadata={"policy_version": 7}))
+        deadline = time.monotonic() + 60
+        while requests.get(f"{api}/v1/admin/status", timeout=10).json()["in_flight"] < 1:
+            assert time.monotonic() < deadline, "the session's first call never started"
+            time.sleep(0.05)
+        paused = requests.post(f"{api}/v1/admin/pause", params={"wait": 30}, timeout=60).json()
+        assert paused["drained"] is True
+        time.sleep(0.8)  # the trainer swaps weights; the agent's next call waits at the gateway
+        requests.post(f"{api}/v1/admin/resume", json={"policy_version": 8}, timeout=10).raise_for_status()
+        [rec] = p.wait(sids, timeout=90)
+        assert rec.state == "COMPLETED"
+        traj = p.store.get_trajectory(rec.session_id)
+        [trace] = traj.traces  # prefix_merging: one trace for both calls
+        assert trace.metadata["policy_version"] == 7 and traj.metadata["policy_version"] == 7
+        assert trace.metadata["sampled_policy_versions"] == [7, 8]
+        assert traj.metadata["sampled_policy_versions"] == [7, 8]
+        assert traj.stats["held_seconds"] >= 0.5
+    finally:
+        requests.post(f"{api}/v1/admin/resume", timeout=10)
+        p.stop()

@@ -120,6 +120,7 @@ SCHEMAS: dict[str, Any] = {
             "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
             "terminal": {"type": "integer"}, "mean_reward": {"type": ["number", "null"]},
             "sessions": {"type": "array", "items": _ref("SessionSummary")},
+            "request": {"allOf": [_ref("TaskRequest")], "description": "the TaskRequest as stored (GET /v1/tasks/<id>)"},
         },
     },
     "Trace": {
@@ -158,8 +159,39 @@ SCHEMAS: dict[str, Any] = {
     },
     "Pause": {
         "type": "object",
-        "properties": {"paused": {"type": "boolean"}, "in_flight": {"type": "integer"},
-                       "drained": {"type": "boolean"}},
+        "properties": {
+            "paused": {"type": "boolean"}, "in_flight": {"type": "integer"}, "drained": {"type": "boolean"},
+            "in_flight_by_gateway": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "live_gateways": {"type": "array", "items": {"type": "string"}},
+            "dead_gateways": {"type": "array", "items": {"type": "string"},
+                              "description": "no heartbeat within the TTL: their calls do not block the drain"},
+            "policy_version": {"type": ["integer", "null"]},
+            "mode": {"enum": ["keep", "wait", "abort"]},
+            "upstreams": {"type": "object", "description": "per upstream: rl_api, weight_version, is_paused, error"},
+        },
+    },
+    "GroupSession": {
+        "type": "object", "required": ["session_id", "state"],
+        "properties": {"session_id": {"type": "string"}, "state": {"enum": SESSION_STATES},
+                       "reward": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]}},
+    },
+    "Group": {
+        "type": "object", "required": ["task_id", "metadata", "policy_version", "delivery", "sessions", "trajectories"],
+        "properties": {
+            "task_id": {"type": "string"}, "metadata": {"type": "object"},
+            "policy_version": {"type": ["integer", "null"], "description": "the task's metadata.policy_version"},
+            "delivery": {"type": "integer", "minimum": 1, "description": "hand-outs so far (>1: redelivered)"},
+            "sessions": {"type": "array", "items": _ref("GroupSession")},
+            "trajectories": {"type": "array", "items": _ref("Trajectory")},
+            "finished_at": {"type": ["number", "null"]}, "lease_expires_at": {"type": ["number", "null"]},
+        },
+    },
+    "GroupStats": {
+        "type": "object",
+        "properties": {k: {"type": "integer"} for k in ("pending", "leased", "finished", "delivered", "redelivered",
+                                                           "lease_expired", "acked")}
+        | {"acked_by_reason": {"type": "object", "additionalProperties": {"type": "integer"}},
+           "oldest_pending_age_s": {"type": ["number", "null"]}},
     },
 }
 
@@ -236,8 +268,53 @@ def document() -> dict[str, Any]:
                         "responses": {"200": _json(_ref("Pause"), "pause state"), **_ERRORS}},
             },
             "/v1/admin/resume": {
-                "post": {"summary": "Resume the gateway", "responses": {"200": _json(_ref("Pause"), "resumed"),
-                                                                        **_ERRORS}},
+                "post": {"summary": "Resume generation; every call admitted from now on carries policy_version",
+                         "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"policy_version": {"type": "integer"}}}}}},
+                         "responses": {"200": _json(_ref("Pause"), "resumed"),
+                                       "400": _problem("policy_version is not an integer"), **_ERRORS}},
+            },
+            "/v1/admin/status": {
+                "get": {"summary": "Paused or not, in flight per live gateway, policy_version, upstream weights",
+                        "responses": {"200": _json(_ref("Pause"), "status"), **_ERRORS}},
+            },
+            "/v1/groups/next": {
+                "get": {
+                    "summary": "Lease finished groups, oldest finished first",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "default": 1, "minimum": 1}},
+                        {"name": "wait", "in": "query", "schema": {"type": "number", "default": 0, "maximum": 300},
+                         "description": "seconds to wait for a group to finish (or a lease to run out)"},
+                        {"name": "lease", "in": "query", "schema": {"type": "number", "default": 300},
+                         "description": "seconds before an un-acked group is handed out again"},
+                    ],
+                    "responses": {"200": {"description": "groups (JSON; Accept: application/msgpack gets the same "
+                                                         "object as msgpack)",
+                                          "content": {"application/json": {"schema": {
+                                              "type": "object", "properties": {"groups": {
+                                                  "type": "array", "items": _ref("Group")}}}},
+                                                      "application/msgpack": {}}},
+                                  "400": _problem("bad limit / wait / lease"), **_ERRORS},
+                },
+            },
+            "/v1/groups/{task_id}/ack": {
+                "parameters": [_PATH_TASK],
+                "post": {"summary": "Consume a group for good (also after its lease ran out)",
+                         "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                             "type": "object", "properties": {"reason": {
+                                 "enum": ["trained", "stale", "unusable", "skipped"]}}}}}},
+                         "responses": {"200": _json({"type": "object"}, "acked"),
+                                       "404": _problem("unknown task"), "409": _problem("task not finished"),
+                                       **_ERRORS}},
+            },
+            "/v1/groups/stats": {
+                "get": {"summary": "Queue counts", "responses": {"200": _json(_ref("GroupStats"), "counts"), **_ERRORS}},
+            },
+            "/v1/groups/{task_id}": {
+                "parameters": [_PATH_TASK],
+                "get": {"summary": "Where one group is: unfinished, pending, leased, acked",
+                        "responses": {"200": _json({"type": "object"}, "group state"),
+                                      "404": _problem("unknown task"), **_ERRORS}},
             },
             "/health": {
                 "get": {"summary": "Redis reachability and queue lengths (no token needed)", "security": [],
