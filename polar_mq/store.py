@@ -58,9 +58,6 @@ class Keys:
     def gateway_paused(self) -> str:
         return f"{self.prefix}:gw:paused"
 
-    def gateway_inflight(self) -> str:
-        return f"{self.prefix}:gw:inflight"
-
     # --- rollout pipeline -----------------------------------------------------------------------
     def task(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -383,12 +380,3 @@ class GatewayStore:
     def save_trajectory(self, trajectory: Trajectory) -> None:
         self.r.set(self.keys.trajectory(trajectory.session_id, trajectory.builder),
                    pack(trajectory.to_dict()))
-
-    @_guard
-    def paused(self) -> bool:
-        return bool(self.r.exists(self.keys.gateway_paused()))
-
-    @_guard
-    def inflight_add(self, delta: int) -> None:
-        """Generations in flight across all gateways (the admin pause drains this to 0)."""
-        self.r.incrby(self.keys.gateway_inflight(), delta)

@@ -160,13 +160,20 @@ def test_client_cancel_pause_resume(client, store):
     body = client.cancel("client-cancel")
     assert body["cancelled"] and {s["state"] for s in body["sessions"]} == {"ERROR"}
     assert client.wait("client-cancel", timeout=5)["state"] == "done"
+    from polar_mq.pause_state import PauseState
+
     keys = Keys()
-    store.r.set(keys.gateway_inflight(), 1)
-    assert client.pause(wait=0.2) == {"paused": True, "in_flight": 1, "drained": False}
-    store.r.set(keys.gateway_inflight(), 0)
+    gate = PauseState(store.r, keys)  # a live gateway process with one generation in flight
+    gate.heartbeat("gw-client-test", {"upstreams": []})
+    gate.begin("gw-client-test")
+    body = client.pause(wait=0.2)
+    assert (body["paused"], body["in_flight"], body["drained"]) == (True, 1, False)
+    gate.end("gw-client-test")
     assert client.pause(wait=1)["drained"] is True
-    assert client.resume()["paused"] is False
-    assert not store.r.exists(keys.gateway_paused())
+    assert client.admin_status()["paused"] is True
+    assert client.resume(policy_version=3)["paused"] is False
+    assert not store.r.exists(keys.gateway_paused()) and client.admin_status()["policy_version"] == 3
+    gate.forget("gw-client-test")
 
 
 # --- CLI ----------------------------------------------------------------------------------------
