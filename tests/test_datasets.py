@@ -169,6 +169,7 @@ def test_submit_generic_dataset_is_idempotent(api, pipeline, tmp_path):
     assert cli(api, "--dataset", str(tmp_path / "nope.jsonl")).returncode == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(swebench_available() != "5.0.2", reason="needs swebench==5.0.2: pip install 'polar_mq[swebench]'")
 def test_submit_swe_gym_rows_graded_by_swebench(api, pipeline, tmp_path):
     src = tmp_path / "calc"
