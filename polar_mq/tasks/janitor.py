@@ -17,7 +17,7 @@ from .. import states
 from ..model import SessionRecord
 from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
-from .recovery import reinitialise, restore_held_messages, runtime_lost
+from .recovery import reinitialise, resend_missing_messages, restore_held_messages, runtime_lost
 
 log = logging.getLogger("polar_mq.janitor")
 
@@ -45,10 +45,9 @@ def sweep(ctx: StageContext) -> list[str]:
     store, ttl = ctx.store, ctx.settings.lease_ttl
     now = time.time()
     requeued = []
-    for sid in store.active_sessions():
-        rec = store.get_session(sid)
-        if rec is None:
-            continue
+    recs = store.get_sessions(store.active_sessions())
+    for rec in recs:
+        sid = rec.session_id
         has_lease = store.lease_holder(sid) is not None
         if not has_lease and runtime_lost(ctx, rec):
             if rec.attempt + 1 >= ctx.settings.max_attempts:
@@ -73,6 +72,7 @@ def sweep(ctx: StageContext) -> list[str]:
         store.incr("sessions_requeued")
         ctx.enqueue(task_name, sid)
         requeued.append(sid)
+    requeued += resend_missing_messages(ctx, [r for r in recs if r.session_id not in requeued], now)
     return requeued
 
 

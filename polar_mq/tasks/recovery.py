@@ -127,3 +127,36 @@ def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:
     ctx.store.incr("sessions_reinitialised")
     ctx.enqueue(INIT_TASK, rec.session_id)
     return True
+
+
+WAITING = {states.REGISTERED: INIT_TASK, states.READY: RUN_TASK, states.POST_RUN: POSTRUN_TASK}
+
+
+def resend_missing_messages(ctx: StageContext, recs: list[SessionRecord], now: float) -> list[str]:
+    """Sessions waiting for a stage whose message exists nowhere (a publish lost in a Redis
+    outage, a worker that died between its state change and its hand-off): send it again. A
+    message is found by the session id in its `argsrepr` header, in the stage's queues or in the
+    unacked hash. Only sessions quiet for 2 TTLs without a lease are checked, so this is rare."""
+    from .routing import STAGE_QUEUE, queue_for
+
+    r, ttl = ctx.store.r, ctx.settings.lease_ttl
+    candidates = [rec for rec in recs if rec.state in WAITING and now - rec.updated_at >= 2 * ttl
+                  and ctx.store.lease_holder(rec.session_id) is None]
+    if not candidates:
+        return []
+    held = [v.decode(errors="replace") for v in r.hvals(UNACKED)]
+    queued: dict[str, list[str]] = {}
+    resent = []
+    for rec in candidates:
+        name = WAITING[rec.state]
+        queues = {queue_for(ctx.store, name, rec.session_id), STAGE_QUEUE[name]}
+        for q in queues - queued.keys():
+            queued[q] = [m.decode(errors="replace") for m in r.lrange(q, 0, -1)]
+        if any(rec.session_id in m for q in queues for m in queued[q]) or any(rec.session_id in m for m in held):
+            continue
+        log.warning("session %s in %s has no %s message anywhere; sending it again", rec.session_id,
+                    rec.state, name)
+        ctx.store.incr("messages_resent")
+        ctx.enqueue(name, rec.session_id)
+        resent.append(rec.session_id)
+    return resent

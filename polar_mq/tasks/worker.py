@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 
 import requests
@@ -31,7 +32,7 @@ def context() -> StageContext:
         store = PipelineStore(connect(settings.redis_url, ride_out_outages=60))
         _ctx = StageContext(settings=settings, store=store,
                             gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
-                            enqueue=make_enqueue(app.send_task, store))
+                            enqueue=make_enqueue(app.send_task, store), node=f"{settings.node}:{os.getpid()}")
     return _ctx
 
 
