@@ -9,6 +9,8 @@ sessions lost (must be 0), sessions whose harness ran to completion twice (0), t
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -89,6 +91,12 @@ def test_baseline_spreads_over_hosts_and_runs_where_prepared(cluster):
     for r in recs:  # run and postrun on the host whose init prepared the runtime
         later = {n.split(":")[0] for s, _, n in r.history if s in (states.RUNNING, states.BUILDING) and n}
         assert later == {ran_on(r)} and r.attempt == 0, r.history
+    view = json.loads(subprocess.run([sys.executable, "-m", "polar_mq.cli", "status", "--cluster", "--json",
+                                      "--redis", cluster.redis_url], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert {n["node"] for n in view["nodes"] if n["alive"]} == {"a", "b"}, view
+    assert {"run@a", "run@b", "postrun@a", "postrun@b", "init"} <= set(view["queues"]), view
+    assert view["ready"]["waiting"] == 0 and view["sessions"] == {}, view
 
 
 def test_kill_every_process_of_a_host_mid_run(cluster):
