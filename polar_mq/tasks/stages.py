@@ -22,6 +22,7 @@ from ..harnesses import HarnessContext, get_harness
 from ..model import SessionRecord, Trajectory
 from ..runtimes import get_runtime
 from ..runtimes.hostid import is_here, runtime_host, stamp
+from ..runtimes.netbridge import sandbox_urls
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
 from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
@@ -209,9 +210,12 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent before the harness started")
     harness = get_harness(task.agent.harness)
     sdir = session_dir(ctx, rec)
+    base_urls = rec.base_urls or {}
+    if getattr(runtime, "bridges_gateway", lambda _h: False)(rec.runtime):
+        base_urls = sandbox_urls(base_urls)  # a gateway on another host, via the sandbox's forwarder
     launch = harness.launch(HarnessContext(
         session_id=session_id, instruction=task.instruction, model=task.agent.model,
-        key=rec.gateway_key or "", base_urls=rec.base_urls, home=Path(rec.runtime["home"]),
+        key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime["home"]),
         workdir=Path(rec.runtime["workdir"]), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
     last_check = [0.0]
