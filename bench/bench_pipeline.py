@@ -45,6 +45,15 @@ def run_window(statuses: list[dict]) -> float:
     return max(t["running_end"] for t in timings) - min(t["running_start"] for t in timings)
 
 
+def handoff_gaps(statuses: list[dict], slots: int) -> list[float]:
+    """Seconds a freed run slot stays empty: the k-th harness end is followed (FIFO) by the
+    (k + slots)-th harness start."""
+    timings = [s["timings"] for st in statuses for s in st["sessions"]]
+    ends = sorted(t["running_end"] for t in timings)
+    starts = sorted(t["running_start"] for t in timings)
+    return [max(0.0, s - e) for e, s in zip(ends, starts[slots:])]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=64)
@@ -93,7 +102,9 @@ def main() -> int:
         ideal = max(run_total / args.slots, max(y + x for y, x in work))
         for name, span, statuses in (("READY buffer (init pool + run slots)", buffered, buffered_status),
                                      ("naive (init inside the run slot)", naive, naive_status)):
-            rows.append((name, span, run_total / (args.slots * run_window(statuses))))
+            gaps = sorted(handoff_gaps(statuses, args.slots)) or [0.0]
+            rows.append((name, span, run_total / (args.slots * run_window(statuses)),
+                         gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.9)]))
         with console.status(f"{args.noop} no-op sessions…"):
             elapsed, _ = run_task(client, {"instruction": "noop", "num_samples": args.noop, "timeout_seconds": 600,
                                            "agent": {"harness": "shell", "options": {"command": "true"}},
@@ -103,11 +114,11 @@ def main() -> int:
 
     table = Table(title=f"run-slot utilisation: {args.sessions} sessions, {args.slots} run slots, "
                         f"init and run ~U(0.5,1.5)×{args.mean}s ({os.cpu_count()} cores)")
-    for col in ("mode", "makespan s", "run slots busy", "vs naive"):
+    for col in ("mode", "makespan s", "run slots busy", "vs naive", "slot hand-off p50/p90 ms"):
         table.add_column(col, justify="left" if col == "mode" else "right")
-    for name, span, util in rows:
+    for name, span, util, p50, p90 in rows:
         table.add_row(name, f"{span:.2f}", f"{util:.1%}", f"{util / rows[1][2]:.2f}× busier" if span != rows[1][1]
-                      else "1.00×")
+                      else "1.00×", f"{p50 * 1000:.0f} / {p90 * 1000:.0f}")
     console.print(table)
     console.print(f"lower bound on makespan (run work / slots): {ideal:.2f} s")
     console.print(f"dispatch throughput: {args.noop} no-op sessions through init → run → postrun in "
