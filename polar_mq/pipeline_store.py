@@ -218,6 +218,11 @@ class PipelineStore:
         """node -> the time its liveness expires."""
         return {k.decode(): float(v) for k, v in self.r.hgetall(self._nodes_key()).items()}
 
+    def live_queues(self) -> set[str]:
+        """Queues some live pool consumes (e.g. `run@NODE`: that node can run what it prepares)."""
+        now = time.time()
+        return {q for p in self.pools() if p.get("expires", 0) > now for q in p.get("queues", [])}
+
     def pools(self) -> list[dict[str, Any]]:
         return [unpack(v) for v in self.r.hgetall(self._pools_key()).values()]
 

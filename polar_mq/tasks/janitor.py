@@ -46,10 +46,11 @@ def sweep(ctx: StageContext) -> list[str]:
     now = time.time()
     requeued = []
     recs = store.get_sessions(store.active_sessions())
+    live = store.live_queues()
     for rec in recs:
         sid = rec.session_id
         has_lease = store.lease_holder(sid) is not None
-        if not has_lease and runtime_lost(ctx, rec):
+        if not has_lease and runtime_lost(ctx, rec, live):
             if rec.attempt + 1 >= ctx.settings.max_attempts:
                 give_up(ctx, rec)
             elif reinitialise(ctx, rec):

@@ -103,10 +103,16 @@ def restore_held_messages(ctx: StageContext) -> list[str]:
     return restored
 
 
-def runtime_lost(ctx: StageContext, rec: SessionRecord) -> bool:
-    """The session's runtime lives on a node that is no longer alive."""
+def runtime_lost(ctx: StageContext, rec: SessionRecord, live_queues: set[str] | None = None) -> bool:
+    """The session's runtime lives on a node that is gone, or that no longer runs a run pool (so
+    nothing there will ever run it)."""
+    from .routing import node_queue
+
     host = runtime_host(rec.runtime)
-    return rec.state in RUNTIME_BOUND and host is not None and not ctx.store.node_alive(host)
+    if rec.state not in RUNTIME_BOUND or host is None:
+        return False
+    live = ctx.store.live_queues() if live_queues is None else live_queues
+    return not ctx.store.node_alive(host) or node_queue("run", host) not in live
 
 
 def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:

@@ -108,6 +108,8 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     store, session_id = ctx.store, rec.session_id
     if store.is_cancelled(rec.task_id):
         return finish_early(ctx, rec, task, states.ERROR, "cancelled")
+    if f"run@{ctx.settings.node}" not in store.live_queues():
+        return "busy"  # nothing on this node would run what it prepares: leave it to a host that can
     takeover = rec.state == states.INITIALIZING
     now = time.time()
     rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
