@@ -2,11 +2,12 @@
 
 1. Run-slot utilisation in a simulated workload: every session needs an init phase (prepare,
    Y seconds) and a run phase (harness, X seconds), both jittered, init ≈ run. With the READY
-   buffer, init happens in the init pool while run slots run other sessions; the naive baseline
-   does both in the run slot (one task per session). Utilisation = sum(X) / (slots × makespan).
+   buffer (capacity = run slots, init pool 2× the run pool), init happens in the init pool while
+   run slots run other sessions; the naive baseline does both in the run slot. Busy = the run
+   work sum(X) / (slots × (last run end − first run start)), from the sessions' own timings.
 2. Dispatch throughput: no-op sessions (`true`) through init → run → postrun, sessions/s.
 
-    python bench/bench_pipeline.py [--sessions 24] [--slots 4] [--noop 200]
+    python bench/bench_pipeline.py [--sessions 64] [--slots 4] [--init-workers 8] [--noop 200]
 """
 
 from __future__ import annotations
@@ -38,9 +39,25 @@ def run_task(client: Client, body: dict, timeout: float) -> tuple[float, dict]:
     return elapsed, status
 
 
+def run_window(statuses: list[dict]) -> float:
+    """Seconds from the first harness start to the last harness end over all sessions."""
+    timings = [s["timings"] for st in statuses for s in st["sessions"]]
+    return max(t["running_end"] for t in timings) - min(t["running_start"] for t in timings)
+
+
+def handoff_gaps(statuses: list[dict], slots: int) -> list[float]:
+    """Seconds a freed run slot stays empty: the k-th harness end is followed (FIFO) by the
+    (k + slots)-th harness start."""
+    timings = [s["timings"] for st in statuses for s in st["sessions"]]
+    ends = sorted(t["running_end"] for t in timings)
+    starts = sorted(t["running_start"] for t in timings)
+    return [max(0.0, s - e) for e, s in zip(ends, starts[slots:])]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=24)
+    ap.add_argument("--sessions", type=int, default=64)
+    ap.add_argument("--init-workers", type=int, default=0, help="init pool (default 2 × slots)")
     ap.add_argument("--slots", type=int, default=4, help="run slots (run pool concurrency)")
     ap.add_argument("--mean", type=float, default=1.0, help="mean seconds of init and of run")
     ap.add_argument("--noop", type=int, default=200, help="no-op sessions for the throughput test")
@@ -62,7 +79,7 @@ def main() -> int:
     rows = []
     with console.status("starting the stack…"):
         stack = launch(api_port=free_port(), gateway_port=free_port(), flower=False,
-                       concurrency=(args.slots, args.slots, 2),
+                       concurrency=(args.init_workers or 2 * args.slots, args.slots, 2),
                        extra_env={"POLAR_READY_CAPACITY": str(args.slots)})
     try:
         client = Client(stack.api_url)
@@ -73,21 +90,21 @@ def main() -> int:
                                    "agent": {"harness": "shell", "options": {"command": f"sleep {x}"}},
                                    "runtime": {"prepare": [{"exec": f"sleep {y}"}]},
                                    "builder": {"strategy": "per_request"}}) for y, x in work]
-            for sub in subs:
-                client.wait(sub["task_id"], timeout=600, poll=0.1)
+            buffered_status = [client.wait(sub["task_id"], timeout=600, poll=0.1) for sub in subs]
             buffered = time.perf_counter() - t0
         with console.status("naive one-task-per-session workload…"):
             t0 = time.perf_counter()
             subs = [client.submit({"instruction": "bench", "timeout_seconds": 600,
                                    "agent": {"harness": "shell", "options": {"command": f"sleep {y}; sleep {x}"}},
                                    "builder": {"strategy": "per_request"}}) for y, x in work]
-            for sub in subs:
-                client.wait(sub["task_id"], timeout=600, poll=0.1)
+            naive_status = [client.wait(sub["task_id"], timeout=600, poll=0.1) for sub in subs]
             naive = time.perf_counter() - t0
         ideal = max(run_total / args.slots, max(y + x for y, x in work))
-        for name, span in (("READY buffer (init pool + run slots)", buffered),
-                           ("naive (init inside the run slot)", naive)):
-            rows.append((name, span, run_total / (args.slots * span)))
+        for name, span, statuses in (("READY buffer (init pool + run slots)", buffered, buffered_status),
+                                     ("naive (init inside the run slot)", naive, naive_status)):
+            gaps = sorted(handoff_gaps(statuses, args.slots)) or [0.0]
+            rows.append((name, span, run_total / (args.slots * run_window(statuses)),
+                         gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.9)]))
         with console.status(f"{args.noop} no-op sessions…"):
             elapsed, _ = run_task(client, {"instruction": "noop", "num_samples": args.noop, "timeout_seconds": 600,
                                            "agent": {"harness": "shell", "options": {"command": "true"}},
@@ -97,11 +114,11 @@ def main() -> int:
 
     table = Table(title=f"run-slot utilisation: {args.sessions} sessions, {args.slots} run slots, "
                         f"init and run ~U(0.5,1.5)×{args.mean}s ({os.cpu_count()} cores)")
-    for col in ("mode", "makespan s", "run-slot utilisation", "vs naive"):
+    for col in ("mode", "makespan s", "run slots busy", "vs naive", "slot hand-off p50/p90 ms"):
         table.add_column(col, justify="left" if col == "mode" else "right")
-    for name, span, util in rows:
-        table.add_row(name, f"{span:.2f}", f"{util:.1%}", f"{rows[1][1] / span:.2f}× faster" if span != rows[1][1]
-                      else "1.00×")
+    for name, span, util, p50, p90 in rows:
+        table.add_row(name, f"{span:.2f}", f"{util:.1%}", f"{util / rows[1][2]:.2f}× busier" if span != rows[1][1]
+                      else "1.00×", f"{p50 * 1000:.0f} / {p90 * 1000:.0f}")
     console.print(table)
     console.print(f"lower bound on makespan (run work / slots): {ideal:.2f} s")
     console.print(f"dispatch throughput: {args.noop} no-op sessions through init → run → postrun in "

@@ -46,10 +46,14 @@ def _worker(args: argparse.Namespace) -> int:
         os.environ["POLAR_REDIS_URL"] = args.redis
     if args.gateway:
         os.environ["POLAR_GATEWAY_URL"] = args.gateway
-    from .tasks.worker import app
+    if args.node:
+        os.environ["POLAR_NODE"] = args.node
+    from .tasks.routing import worker_queues
+    from .tasks.worker import app, settings
 
-    argv = ["worker", "-Q", args.stage, "-c", str(args.concurrency), "-E", "-l", args.loglevel,
-            "-n", f"{args.stage}-{os.getpid()}@%h", "--without-gossip", "--without-mingle"]
+    queues = ",".join(worker_queues(args.stage, settings.node))  # shared + this node's (routing.py)
+    argv = ["worker", "-Q", queues, "-c", str(args.concurrency), "-E", "-l", args.loglevel,
+            "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip", "--without-mingle"]
     if args.pool:
         argv += ["-P", args.pool]
     app.worker_main(argv)
@@ -121,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--pool", help="celery pool (prefork default; threads, solo)")
     wk.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
     wk.add_argument("--gateway", help="gateway URL (default $POLAR_GATEWAY_URL)")
+    wk.add_argument("--node", help="this host's name in the cluster (default $POLAR_NODE, else the hostname)")
     wk.add_argument("--loglevel", default="INFO")
     wk.set_defaults(func=_worker)
 

@@ -155,6 +155,11 @@ def _status(args: argparse.Namespace) -> int:
 
     from .client import ApiError
 
+    if args.cluster:
+        return _cluster_status(args)
+    if not args.task_id:
+        _err("give a TASK_ID, or --cluster for the cluster's topology")
+        return 2
     try:
         status = _client(args).status(args.task_id)
     except ApiError as exc:
@@ -164,6 +169,23 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
     else:
         Console().print(summary_table(status))
+    return 0
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .cluster_status import collect, render
+    from .pipeline_store import PipelineStore
+    from .settings import PipelineSettings
+    from .store import connect
+
+    settings = PipelineSettings.from_env(redis_url=args.redis)
+    view = collect(PipelineStore(connect(settings.redis_url)), settings.ready_capacity)
+    if args.json:
+        print(json.dumps(view, indent=2))
+    else:
+        Console().print(render(view))
     return 0
 
 
@@ -287,8 +309,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     submit.set_defaults(func=_submit)
 
     status = sub.add_parser("status", help="show a task's sessions")
-    status.add_argument("task_id")
+    status.add_argument("task_id", nargs="?")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--cluster", action="store_true",
+                        help="nodes, pools, queue depths and READY occupancy (from Redis)")
+    status.add_argument("--redis", help="Redis URL for --cluster (default $POLAR_REDIS_URL)")
     _api_flags(status)
     status.set_defaults(func=_status)
 

@@ -131,17 +131,23 @@ class PipelineStore:
         return [SessionRecord.from_dict(unpack(b)) for b in blobs if b]
 
     def transition(self, session_id: str, new_state: str | None, *, expect: Iterable[str] | None = None,
-                   node: str | None = None, **fields: Any) -> SessionRecord | None:
+                   node: str | None = None, fence: str | None = None, **fields: Any) -> SessionRecord | None:
         """Atomically move a session to `new_state` (None: update fields only) if allowed and, when
-        given, if its current state is in `expect`. Returns the new record, or None if refused."""
+        given, if its current state is in `expect` and the session's lease still holds the token
+        `fence` (the writer's lease: a worker whose lease lapsed can never write). Returns the new
+        record, or None if refused."""
         key = self.keys.session(session_id)
+        lease_key = self.keys.lease(session_id)
         expect = set(expect) if expect is not None else None
         while True:
             with self.r.pipeline() as pipe:
                 try:
-                    pipe.watch(key)
+                    pipe.watch(*([key, lease_key] if fence is not None else [key]))
                     blob = pipe.get(key)
                     if blob is None:
+                        pipe.unwatch()
+                        return None
+                    if fence is not None and (pipe.get(lease_key) or b"").decode() != fence:
                         pipe.unwatch()
                         return None
                     rec = SessionRecord.from_dict(unpack(blob))
@@ -193,6 +199,44 @@ class PipelineStore:
     def lease_holder(self, session_id: str) -> str | None:
         value = self.r.get(self.keys.lease(session_id))
         return value.decode() if value else None
+
+    # --- nodes (which hosts are alive, what pools they run) -----------------------------------
+    def beat_node(self, node: str, pool_id: str, info: dict[str, Any], ttl: float) -> None:
+        """A pool on `node` is alive for `ttl` more seconds (`info`: stage, concurrency, queues)."""
+        now = time.time()
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.hset(self._nodes_key(), node, now + ttl)
+            pipe.hset(self._pools_key(), f"{node}|{pool_id}", pack({**info, "node": node, "seen": now,
+                                                                   "expires": now + ttl}))
+            pipe.execute()
+
+    def node_alive(self, node: str) -> bool:
+        value = self.r.hget(self._nodes_key(), node)
+        return value is not None and float(value) > time.time()
+
+    def nodes(self) -> dict[str, float]:
+        """node -> the time its liveness expires."""
+        return {k.decode(): float(v) for k, v in self.r.hgetall(self._nodes_key()).items()}
+
+    def live_queues(self) -> set[str]:
+        """Queues some live pool consumes (e.g. `run@NODE`: that node can run what it prepares)."""
+        now = time.time()
+        return {q for p in self.pools() if p.get("expires", 0) > now for q in p.get("queues", [])}
+
+    def pools(self) -> list[dict[str, Any]]:
+        return [unpack(v) for v in self.r.hgetall(self._pools_key()).values()]
+
+    def forget_pools(self, older_than: float) -> None:
+        """Drop pool entries that expired before `older_than` (the status view stays current)."""
+        for field_, blob in self.r.hgetall(self._pools_key()).items():
+            if unpack(blob).get("expires", 0) < older_than:
+                self.r.hdel(self._pools_key(), field_)
+
+    def _nodes_key(self) -> str:
+        return f"{self.keys.prefix}:nodes"
+
+    def _pools_key(self) -> str:
+        return f"{self.keys.prefix}:nodes:pools"
 
     # --- READY buffer ---------------------------------------------------------------------------
     def set_ready_capacity(self, capacity: int) -> None:

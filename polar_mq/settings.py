@@ -6,6 +6,7 @@ Nothing else in the package reads `os.environ` for configuration.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 
 
@@ -88,6 +89,9 @@ class PipelineSettings:
     postrun_wait: float = 30.0  # postrun waits this long for the session's calls still in flight
     keep_workdirs: bool = False  # keep each session's work dir and HOME after postrun (logs stay)
     retention_seconds: float = 7 * 24 * 3600.0  # a finished task's Redis data lives this long after export/ack
+    # This host's name in the cluster (POLAR_NODE, default the hostname): runtimes are stamped with
+    # it and a session's run/postrun go to the per-node queues `run@NODE` / `postrun@NODE`.
+    node: str = field(default_factory=socket.gethostname)
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -110,6 +114,7 @@ class PipelineSettings:
         s.postrun_wait = _env_float("POLAR_POSTRUN_WAIT", s.postrun_wait)
         s.keep_workdirs = env.get("POLAR_KEEP_WORKDIRS", "0").lower() in ("1", "true", "yes")
         s.retention_seconds = _env_float("POLAR_RETENTION_SECONDS", s.retention_seconds)
+        s.node = env.get("POLAR_NODE") or s.node
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

@@ -25,11 +25,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     REGISTERED: frozenset({INITIALIZING, ERROR}),
     # INITIALIZING → INITIALIZING: a new init worker takes over after the first one died.
     INITIALIZING: frozenset({INITIALIZING, READY, POST_RUN, ERROR, TIMEOUT}),
-    READY: frozenset({RUNNING, POST_RUN, ERROR, TIMEOUT}),
-    RUNNING: frozenset({RUNNING, POST_RUN, ERROR, TIMEOUT}),
+    # READY/RUNNING → INITIALIZING: the runtime's host is gone; the session is prepared again on
+    # another host (a new attempt), never run against a runtime that no longer exists.
+    READY: frozenset({RUNNING, INITIALIZING, POST_RUN, ERROR, TIMEOUT}),
+    RUNNING: frozenset({RUNNING, INITIALIZING, POST_RUN, ERROR, TIMEOUT}),
+    # Postrun never goes back to POST_RUN: a late write of a stale run attempt cannot restart it.
     POST_RUN: frozenset({POST_RUN, BUILDING, ERROR}),
-    BUILDING: frozenset({BUILDING, EVALUATING, POST_RUN, ERROR}),
-    EVALUATING: frozenset({EVALUATING, COMPLETED, ERROR, TIMEOUT, POST_RUN}),
+    BUILDING: frozenset({BUILDING, EVALUATING, ERROR}),
+    EVALUATING: frozenset({EVALUATING, COMPLETED, ERROR, TIMEOUT}),
     COMPLETED: frozenset(),
     ERROR: frozenset(),
     TIMEOUT: frozenset(),

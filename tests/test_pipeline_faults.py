@@ -93,7 +93,8 @@ def test_redis_restart_with_aof_loses_nothing(gateway, tmp_path):
     port, data = free_port(), tmp_path / "redis"
     data.mkdir()
     server = start_embedded(port, appendonly=True, workdir=str(data))
-    p = make_pipeline(gateway, tmp_path, redis_server=server)
+    # A lease outlives the restart (a holder fences itself after 0.6 TTL without Redis).
+    p = make_pipeline(gateway, tmp_path, redis_server=server, POLAR_LEASE_TTL="8")
     try:
         p.start_worker("init", 1)
         p.start_worker("run", 2)

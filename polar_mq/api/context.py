@@ -41,16 +41,12 @@ class ApiContext:
 
     def stage_context(self):
         """A stage context whose messages go through this API's Celery app."""
-        from ..tasks.celery_app import INIT_TASK, RUN_TASK
         from ..tasks.context import GatewayClient, StageContext
-
-        def enqueue(name: str, arg: str) -> None:
-            queue = {INIT_TASK: "init", RUN_TASK: "run"}.get(name, "postrun")
-            self.celery.send_task(name, args=[arg], queue=queue)
+        from ..tasks.routing import make_enqueue
 
         return StageContext(settings=self.settings, store=self.store,
                             gateway=GatewayClient(self.settings.gateway_url, self.settings.gateway_token),
-                            enqueue=enqueue)
+                            enqueue=make_enqueue(lambda *a, **kw: self.celery.send_task(*a, **kw), self.store))
 
     def enqueued_key(self, task_id: str) -> str:
         """Marks a task whose init messages were all handed to the broker."""

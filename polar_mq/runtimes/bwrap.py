@@ -32,7 +32,7 @@ from typing import Any, Callable
 from ..taskspec import RuntimeSpec
 from .base import ExecResult
 from .local import LocalRuntime, base_env, kill_group, supervise
-from .netbridge import UnixRelay, gateway_endpoints, is_loopback
+from .netbridge import UnixRelay, sandbox_forwards
 
 log = logging.getLogger("polar_mq.runtimes.bwrap")
 
@@ -59,6 +59,10 @@ def bwrap_path() -> str | None:
 
 class BwrapRuntime(LocalRuntime):
     backend = "bwrap"
+
+    def bridges_gateway(self, handle: dict[str, Any]) -> bool:
+        """True when the sandbox has no network: the harness gets the forwarded (loopback) URLs."""
+        return not handle.get("allow_internet")
 
     def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
         if bwrap_path() is None:
@@ -107,16 +111,12 @@ class BwrapRuntime(LocalRuntime):
         tmp = None
         try:
             if not handle.get("allow_internet"):
-                endpoints = gateway_endpoints(handle.get("gateway_urls") or [])
-                for host, port in endpoints:
-                    if not is_loopback(host):
-                        log.warning("bwrap: gateway %s:%s is not on loopback; unreachable without "
-                                    "allow_internet", host, port)
-                        continue
+                # Loopback and remote gateways alike (netbridge.sandbox_forwards).
+                for fw in sandbox_forwards(handle.get("gateway_urls") or []):
                     if tmp is None:  # short path: unix socket paths are limited to 108 bytes
                         tmp = tempfile.mkdtemp(prefix="polar-gw-")
-                    relays.append(UnixRelay(Path(tmp) / f"{port}.sock", host, port))
-                    bridges.append(("127.0.0.1" if host == "localhost" else host, port, tmp))
+                    relays.append(UnixRelay(Path(tmp) / f"{fw.port}.sock", fw.target_host, fw.target_port))
+                    bridges.append((fw.listen_host, fw.port, tmp))
             return supervise(self.argv(handle, cmd, bridges), cwd=handle["workdir"],
                              env=base_env(handle, env), timeout=timeout, log_path=log_path,
                              should_stop=should_stop, on_start=on_start, heartbeat=heartbeat)

@@ -28,7 +28,8 @@ Network
   connections to the gateway. The harness reaches the gateway at its usual URL and nothing else.
   This needs the worker to run as root on the docker host (CAP_SYS_ADMIN for setns); without it,
   the run fails with a message saying to allow internet (host networking) or run as root. A
-  gateway on a non-loopback address is reachable only with ``allow_internet``.
+  gateway on another host listens on ``127.0.0.1:PORT`` inside and is relayed to that host
+  (netbridge.sandbox_forwards); the harness gets the loopback URLs.
 
 ``POLAR_DOCKER_MOUNTS``: extra host paths to bind into every container, comma separated,
 ``SRC[:DST][:ro|rw]`` (read-only by default) — e.g. ``/usr,/lib,/lib64,/bin,/sbin`` over a tiny
@@ -236,17 +237,16 @@ class DockerRuntime:
                           duration_s=time.monotonic() - t0, output_tail=tail(log_path),
                           log_path=str(log_path))
 
+    def bridges_gateway(self, handle: dict[str, Any]) -> bool:
+        """True when the container has no network: the harness gets the forwarded URLs."""
+        return handle.get("network") == "none"
+
     def _bridge(self, handle: dict[str, Any], container):
         if handle.get("network") != "none":
             return None
-        from .netbridge import NetnsBridge, gateway_endpoints, is_loopback
+        from .netbridge import NetnsBridge, sandbox_forwards
 
-        endpoints = gateway_endpoints(handle.get("gateway_urls") or [])
-        local = [ep for ep in endpoints if is_loopback(ep[0])]
-        for host, port in endpoints:
-            if not is_loopback(host):
-                log.warning("docker: gateway %s:%s is not on loopback; unreachable without allow_internet",
-                            host, port)
+        local = sandbox_forwards(handle.get("gateway_urls") or [])  # remote gateways too
         if not local:
             return None
         container.reload()

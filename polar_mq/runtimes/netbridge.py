@@ -16,6 +16,11 @@ Two ways to put a listener inside a namespace:
   the sandbox (the host's read-only root makes this interpreter available there); it listens on
   the sandbox loopback and relays to a unix socket in the session dir, which a host-side
   :class:`UnixRelay` relays to the gateway. Works unprivileged.
+
+A gateway on *another host* (a cluster: ``--public-url http://hub:8600``) is forwarded the same
+way without giving the sandbox the host's network: the sandbox listens on ``127.0.0.1:PORT`` and
+the worker host relays to ``hub:PORT`` (:func:`sandbox_forwards`); the harness is handed the
+loopback URLs (:func:`sandbox_urls`). Only the gateway is reachable, nothing else on that host.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("polar_mq.netbridge")
 
@@ -59,6 +65,47 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Inside the sandbox listen on listen_host:port; outside connect to target_host:target_port."""
+
+    listen_host: str
+    port: int
+    target_host: str
+    target_port: int
+
+
+def sandbox_forwards(urls: Iterable[str]) -> list[Forward]:
+    """A forward per distinct gateway endpoint: a loopback endpoint keeps its address (the
+    harness's URLs need no change); a remote one listens on 127.0.0.1 at the same port (the next
+    free port if two remote hosts share one)."""
+    forwards: list[Forward] = []
+    taken: set[tuple[str, int]] = set()
+    for host, port in gateway_endpoints(urls):
+        listen = "127.0.0.1" if host == "localhost" or not is_loopback(host) else host
+        lport = port
+        while (listen, lport) in taken:
+            lport += 1
+        taken.add((listen, lport))
+        forwards.append(Forward(listen, lport, host, port))
+    return forwards
+
+
+def sandbox_urls(base_urls: dict[str, str]) -> dict[str, str]:
+    """The base URLs as a bridged sandbox must use them (remote gateways → their loopback forward)."""
+    by_target = {(f.target_host, f.target_port): f for f in sandbox_forwards(base_urls.values())}
+    out = {}
+    for name, url in base_urls.items():
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        fw = by_target.get((parts.hostname or "", port))
+        if fw is None or (fw.listen_host, fw.port) == (fw.target_host, fw.target_port):
+            out[name] = url
+            continue
+        out[name] = urlunsplit(parts._replace(netloc=f"{fw.listen_host}:{fw.port}"))
+    return out
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -199,14 +246,17 @@ def listen_in_netns(pid: int, host: str, port: int) -> socket.socket:
 
 
 class NetnsBridge:
-    """Listeners inside a container's network namespace for each gateway endpoint."""
+    """Listeners inside a container's network namespace for each gateway endpoint (an endpoint
+    is a Forward, or a (host, port) listened on and relayed to as is)."""
 
-    def __init__(self, pid: int, endpoints: list[tuple[str, int]]):
+    def __init__(self, pid: int, endpoints: list[Forward] | list[tuple[str, int]]):
         self.relays: list[Relay] = []
         try:
-            for host, port in endpoints:
-                listen_host = "127.0.0.1" if host == "localhost" else host
-                self.relays.append(Relay(listen_in_netns(pid, listen_host, port), tcp_connector(host, port)))
+            for ep in endpoints:
+                fw = ep if isinstance(ep, Forward) else Forward("127.0.0.1" if ep[0] == "localhost" else ep[0],
+                                                                ep[1], ep[0], ep[1])
+                self.relays.append(Relay(listen_in_netns(pid, fw.listen_host, fw.port),
+                                         tcp_connector(fw.target_host, fw.target_port)))
         except Exception:
             self.close()
             raise

@@ -20,6 +20,10 @@ QUEUES = ("init", "run", "postrun")
 def make_celery(settings: PipelineSettings | None = None) -> Celery:
     settings = settings or PipelineSettings.from_env()
     app = Celery("polar_mq", broker=settings.redis_url, backend=None)
+    if settings.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        from .broker import TRANSPORT
+
+        app.conf.broker_transport = TRANSPORT  # survives a Redis restart (see broker.py)
     app.conf.update(
         task_queues=[Queue(q) for q in QUEUES],
         task_default_queue="init",

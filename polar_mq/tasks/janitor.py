@@ -1,8 +1,10 @@
 """The janitor: hands a stage to a new worker when the one holding it died.
 
 A session in a working state (INITIALIZING, RUNNING, POST_RUN, ...) whose lease lapsed has lost
-its worker: its stage task is enqueued again and the new worker takes over. One janitor runs at a
-time cluster-wide (a Redis lock); every worker process runs the loop, so there is always one.
+its worker: its stage task is enqueued again and the new worker takes over. A session whose
+runtime's host is gone is re-initialised elsewhere, and messages held by dead workers are put back
+(recovery.py). One janitor runs at a time cluster-wide (a Redis lock); every worker runs the loop,
+so there is always one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .. import states
 from ..model import SessionRecord
 from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
+from .recovery import reinitialise, resend_missing_messages, restore_held_messages, runtime_lost
 
 log = logging.getLogger("polar_mq.janitor")
 
@@ -42,12 +45,25 @@ def sweep(ctx: StageContext) -> list[str]:
     store, ttl = ctx.store, ctx.settings.lease_ttl
     now = time.time()
     requeued = []
-    for sid in store.active_sessions():
-        rec = store.get_session(sid)
-        if rec is None or not orphaned(rec, store.lease_holder(sid) is not None, now, ttl):
+    recs = store.get_sessions(store.active_sessions())
+    live = store.live_queues()
+    for rec in recs:
+        sid = rec.session_id
+        has_lease = store.lease_holder(sid) is not None
+        if not has_lease and runtime_lost(ctx, rec, live):
+            if rec.attempt + 1 >= ctx.settings.max_attempts:
+                give_up(ctx, rec)
+            elif reinitialise(ctx, rec):
+                requeued.append(sid)
+            continue
+        if not orphaned(rec, has_lease, now, ttl):
             continue
         if rec.attempt + 1 >= ctx.settings.max_attempts and rec.state != states.REGISTERED:
             give_up(ctx, rec)
+            continue
+        # One requeue per takeover: while the requeued message waits (a busy worker may hold it,
+        # reserved but not started) the session is not requeued again nor charged another attempt.
+        if not store.r.set(pending_key(store, sid), 1, nx=True, px=int(PENDING_TTLS * ttl * 1000)):
             continue
         # Touch the record (and count the attempt) so the next sweep waits another TTL.
         if store.transition(sid, None, expect={rec.state}, node=rec.node, attempt=rec.attempt + 1) is None:
@@ -57,7 +73,15 @@ def sweep(ctx: StageContext) -> list[str]:
         store.incr("sessions_requeued")
         ctx.enqueue(task_name, sid)
         requeued.append(sid)
+    requeued += resend_missing_messages(ctx, [r for r in recs if r.session_id not in requeued], now)
     return requeued
+
+
+PENDING_TTLS = 10  # a requeued message not started within 10 TTLs is requeued again
+
+
+def pending_key(store, session_id: str) -> str:
+    return f"{store.keys.prefix}:janitor:pending:{session_id}"
 
 
 def give_up(ctx: StageContext, rec: SessionRecord) -> None:
@@ -66,7 +90,7 @@ def give_up(ctx: StageContext, rec: SessionRecord) -> None:
     error = f"gave up after {rec.attempt + 1} attempts (last in {rec.state} on {rec.node})"
     log.error("session %s: %s", rec.session_id, error)
     ctx.store.incr("sessions_given_up")
-    if rec.state in (states.INITIALIZING, states.RUNNING):
+    if rec.state in (states.INITIALIZING, states.READY, states.RUNNING):
         if ctx.store.transition(rec.session_id, states.POST_RUN, expect={rec.state}, outcome=states.ERROR,
                                 error=error, attempt=rec.attempt + 1):
             ctx.enqueue(POSTRUN_TASK, rec.session_id)
@@ -83,6 +107,7 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
             try:
                 if ctx.store.r.set(ctx.store.keys.janitor_lock(), ctx.node, nx=True, px=int(interval * 1000)):
                     sweep(ctx)
+                    restore_held_messages(ctx)
                     from ..runtimes.docker import maybe_sweep  # orphaned session containers
 
                     reaped = maybe_sweep(ctx.store)
@@ -92,5 +117,26 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
                 log.exception("janitor sweep failed")
 
     thread = threading.Thread(target=loop, name="polar-janitor", daemon=True)
+    thread.start()
+    return thread
+
+
+def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading.Event | None = None
+                    ) -> threading.Thread:
+    """Tell the cluster this node (and this pool on it) is alive: runtimes stamped with a node that
+    stops beating for 2 lease TTLs are prepared again elsewhere (recovery.py)."""
+    stop = stop or threading.Event()
+    ttl = 2 * ctx.settings.lease_ttl
+
+    def loop() -> None:
+        while True:
+            try:
+                ctx.store.beat_node(ctx.settings.node, pool_id, info, ttl)
+            except Exception:
+                log.debug("node beat failed", exc_info=True)
+            if stop.wait(min(ctx.settings.janitor_interval, ctx.settings.lease_ttl / 3)):
+                return
+
+    thread = threading.Thread(target=loop, name="polar-node-beat", daemon=True)
     thread.start()
     return thread

@@ -3,18 +3,41 @@
 Broker redelivery alone cannot tell a slow worker from a dead one (agent sessions outlive any
 sensible visibility timeout). A lease renewed every ttl/3 can: when it lapses the janitor hands
 the stage to another worker; while it lives, duplicates step aside.
+
+Fencing: the holder counts its lease as lost once it has gone `SELF_FENCE × ttl` without a
+successful renewal (Redis unreachable, the host cut off, the process paused), i.e. *before* the
+lease can lapse in Redis, so it stops its harness before anyone else may start the stage again.
+Its token also fences every write (PipelineStore.transition(fence=...)): after the lapse no write
+of this attempt is accepted, whatever the worker believes.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 from ..pipeline_store import PipelineStore, node_name
 
+SELF_FENCE = 0.6  # of the TTL; the harness kill (≤ 2.5 s) must fit into the remaining 40 %
+
 
 class LeaseBusy(Exception):
     """Another live worker holds the session."""
+
+
+class LeaseLost(threading.Event):
+    """Set when the lease is gone; `is_set` also turns true once renewals failed for too long."""
+
+    def __init__(self, ttl: float):
+        super().__init__()
+        self.ttl = ttl
+        self.last_ok = time.monotonic()
+
+    def is_set(self) -> bool:  # type: ignore[override]
+        if not super().is_set() and time.monotonic() - self.last_ok > SELF_FENCE * self.ttl:
+            self.set()
+        return super().is_set()
 
 
 class Lease:
@@ -23,30 +46,41 @@ class Lease:
         self.session_id = session_id
         self.ttl = ttl
         self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
-        self.lost = threading.Event()
+        self.lost = LeaseLost(ttl)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Lease":
         if not self.store.acquire_lease(self.session_id, self.token, self.ttl):
             raise LeaseBusy(f"session {self.session_id} is held by {self.store.lease_holder(self.session_id)}")
+        self.lost.last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{self.session_id}", daemon=True)
         self._thread.start()
         return self
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+        while not self._stop.wait(self.ttl / 6):
+            if self.lost.is_set():
+                return
             try:
-                if not self.store.renew_lease(self.session_id, self.token, self.ttl):
-                    self.lost.set()
-                    return
-            except Exception:  # Redis blip: keep trying until the lease would lapse
+                self._renew_once()
+            except Exception:  # Redis blip: keep trying; LeaseLost turns true on its own in time
                 continue
+
+    def _renew_once(self) -> None:
+        started = time.monotonic()
+        if self.store.renew_lease(self.session_id, self.token, self.ttl):
+            # Count from when the renewal was sent: the lease runs from (at latest) then.
+            self.lost.last_ok = max(self.lost.last_ok, started)
+        else:
+            self.lost.set()
 
     def renew(self) -> None:
         """Explicit renewal from a busy loop (the heartbeat thread also renews)."""
-        if not self.store.renew_lease(self.session_id, self.token, self.ttl):
-            self.lost.set()
+        try:
+            self._renew_once()
+        except Exception:
+            pass
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

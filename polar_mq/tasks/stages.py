@@ -21,10 +21,14 @@ from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
 from ..model import SessionRecord, Trajectory
 from ..runtimes import get_runtime
+from ..runtimes.hostid import is_here, runtime_host, stamp
+from ..runtimes.netbridge import sandbox_urls
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
 from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
+from .fencing import FencedStore
+from .janitor import pending_key
 from .lease import Lease, LeaseBusy
 
 log = logging.getLogger("polar_mq.stages")
@@ -37,6 +41,13 @@ def register_gateway(ctx: StageContext, rec: SessionRecord, task: TaskRequest, r
     gw = ctx.gateway.create_session(gw_sid, rec.task_id, {"session_id": rec.session_id, **task.metadata},
                                     task.agent.sampling)
     return {"gateway_session_id": gw["session_id"], "gateway_key": gw["key"], "base_urls": gw["base_urls"]}
+
+
+def gateway_index(rec: SessionRecord) -> int:
+    """How many gateway sessions this session used before: each attempt (run takeover or re-init
+    on another host) records its calls under a fresh one; the old ones stay listed in
+    stats["abandoned_gateway_sessions"], so a trajectory holds exactly one attempt's calls."""
+    return len(rec.stats.get("abandoned_gateway_sessions", [])) + (1 if rec.gateway_session_id else 0)
 
 
 class Handoff:
@@ -65,8 +76,6 @@ def stage(*accepts: str):
         @functools.wraps(body)
         def run(ctx: StageContext, session_id: str) -> str:
             handoff = Handoff(ctx)
-            local = StageContext(settings=ctx.settings, store=ctx.store, gateway=ctx.gateway,
-                                 enqueue=handoff, node=ctx.node)
             try:
                 rec = ctx.store.get_session(session_id)
                 if rec is None or rec.state not in accepts:
@@ -74,6 +83,11 @@ def stage(*accepts: str):
                 task = ctx.store.task_request(rec.task_id)
                 try:
                     with Lease(ctx.store, session_id, ctx.settings.lease_ttl) as lease:
+                        if rec.attempt:  # a takeover started: the janitor may requeue it again
+                            ctx.store.r.delete(pending_key(ctx.store, session_id))
+                        local = StageContext(settings=ctx.settings, gateway=ctx.gateway, enqueue=handoff,
+                                             store=FencedStore(ctx.store, session_id, lease.token),
+                                             node=ctx.node)
                         return body(local, rec, task, lease)
                 except LeaseBusy:
                     return "busy"
@@ -94,15 +108,8 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     store, session_id = ctx.store, rec.session_id
     if store.is_cancelled(rec.task_id):
         return finish_early(ctx, rec, task, states.ERROR, "cancelled")
-    # Backpressure: never prepare more sessions than the READY buffer holds.
-    store.transition(session_id, None, node=ctx.node)  # mark "taken" for the janitor
-    capacity = ctx.settings.ready_capacity
-    while not store.try_acquire_slot(session_id, capacity):
-        if store.is_cancelled(rec.task_id):
-            return finish_early(ctx, rec, task, states.ERROR, "cancelled")
-        if lease.lost.is_set():
-            return "lease lost"
-        store.wait_for_slot(timeout=1.0)
+    if f"run@{ctx.settings.node}" not in store.live_queues():
+        return "busy"  # nothing on this node would run what it prepares: leave it to a host that can
     takeover = rec.state == states.INITIALIZING
     now = time.time()
     rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
@@ -111,10 +118,10 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     if rec is None:
         return "skipped"
     runtime = get_runtime(task.runtime.backend)
-    if takeover and rec.runtime:
-        runtime.stop(rec.runtime)
+    if takeover and rec.runtime and is_here(rec.runtime, ctx.node):
+        runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
     sdir = session_dir(ctx, rec)
-    handle = runtime.start(task.runtime, sdir, session_id)
+    handle = stamp(runtime.start(task.runtime, sdir, session_id), ctx.settings.node)
     store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
     for i, step in enumerate(task.runtime.prepare):
         if time.time() > rec.deadline:
@@ -123,13 +130,29 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
                             rec.deadline - time.time(), lease)
         if err:
             return to_postrun(ctx, session_id, states.ERROR, f"prepare step {i} failed: {err}")
+    gateway_fields = register_gateway(ctx, rec, task, gateway_index(rec))
+    # The READY buffer bounds *prepared* sessions waiting for a run slot: preparing never waits, so
+    # the init pool keeps a stock ahead of the run slots (docs/deployment.md says how to size it).
+    if not _wait_ready_slot(ctx, rec, lease):
+        return "lease lost"
     rec = store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
-                           **register_gateway(ctx, rec, task, 0))
+                           **gateway_fields)
     if rec is None:
+        store.release_slot(session_id)
         return "skipped"
     store.push_ready(session_id)
     ctx.enqueue(RUN_TASK, session_id)
     return "ready"
+
+
+def _wait_ready_slot(ctx: StageContext, rec: SessionRecord, lease: Lease) -> bool:
+    """Block (without polling) until the READY buffer has room for this prepared session."""
+    store = ctx.store
+    while not store.try_acquire_slot(rec.session_id, ctx.settings.ready_capacity):
+        if lease.lost.is_set():
+            return False
+        store.wait_for_slot(timeout=1.0)
+    return True
 
 
 def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, budget: float,
@@ -162,6 +185,8 @@ def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, b
 def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Launch the harness in the runtime under the session's remaining budget."""
     store, session_id = ctx.store, rec.session_id
+    if not is_here(rec.runtime, ctx.settings.node):
+        return _reroute(ctx, rec, RUN_TASK)
     takeover = rec.state == states.RUNNING
     runtime = get_runtime(task.runtime.backend)
     fields: dict[str, Any] = {}
@@ -169,7 +194,7 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         # The previous run worker died: kill what it left, start a clean attempt.
         runtime.reap(rec.runtime)
         run_attempt = int(rec.stats.get("run_attempts", 1))
-        fields = {**register_gateway(ctx, rec, task, run_attempt),
+        fields = {**register_gateway(ctx, rec, task, gateway_index(rec)),
                   "stats": {**rec.stats, "run_attempts": run_attempt + 1,
                             "abandoned_gateway_sessions":
                                 rec.stats.get("abandoned_gateway_sessions", []) + [rec.gateway_session_id]}}
@@ -187,9 +212,12 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent before the harness started")
     harness = get_harness(task.agent.harness)
     sdir = session_dir(ctx, rec)
+    base_urls = rec.base_urls or {}
+    if getattr(runtime, "bridges_gateway", lambda _h: False)(rec.runtime):
+        base_urls = sandbox_urls(base_urls)  # a gateway on another host, via the sandbox's forwarder
     launch = harness.launch(HarnessContext(
         session_id=session_id, instruction=task.instruction, model=task.agent.model,
-        key=rec.gateway_key or "", base_urls=rec.base_urls, home=Path(rec.runtime["home"]),
+        key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime["home"]),
         workdir=Path(rec.runtime["workdir"]), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
     last_check = [0.0]
@@ -227,8 +255,19 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     return to_postrun(ctx, session_id, outcome, error, exit_code=result.exit_code)
 
 
+def _reroute(ctx: StageContext, rec: SessionRecord, task_name: str) -> str:
+    """A message for a runtime on another node (an old shared-queue message, or one from before a
+    re-init): send it to that node's queue; if the node is gone the janitor re-initialises."""
+    host = runtime_host(rec.runtime)
+    if host and ctx.store.node_alive(host):
+        ctx.enqueue(task_name, rec.session_id)
+        return "rerouted"
+    return "skipped"
+
+
 def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | None, **fields: Any) -> str:
-    rec = ctx.store.transition(session_id, states.POST_RUN, node=ctx.node, outcome=outcome, error=error, **fields)
+    rec = ctx.store.transition(session_id, states.POST_RUN, node=ctx.node, outcome=outcome, error=error,
+                               expect={states.INITIALIZING, states.READY, states.RUNNING}, **fields)
     if rec is None:
         return "skipped"
     ctx.enqueue(POSTRUN_TASK, session_id)
@@ -240,6 +279,9 @@ def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | No
 def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Build the trajectory from the captured calls, grade it, tear down, store, call back."""
     store, session_id = ctx.store, rec.session_id
+    here = is_here(rec.runtime, ctx.settings.node)
+    if not here and ctx.store.node_alive(runtime_host(rec.runtime) or ""):
+        return _reroute(ctx, rec, POSTRUN_TASK)
     rec = store.transition(session_id, states.BUILDING, node=ctx.node,
                            expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
     if rec is None:
@@ -290,7 +332,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     traj.metadata["timings"] = timings
     store.save_trajectory(traj)
     _write_result_file(ctx, traj)
-    if rec.runtime:
+    if rec.runtime and here:  # a runtime whose host is gone went with it
         try:
             get_runtime(task.runtime.backend).stop(rec.runtime)
         except Exception:

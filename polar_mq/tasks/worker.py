@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 
 import requests
@@ -14,7 +15,8 @@ from ..store import connect
 from . import stages
 from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_celery
 from .context import GatewayClient, StageContext
-from .janitor import start_janitor
+from .janitor import start_janitor, start_node_beat
+from .routing import make_enqueue
 
 log = logging.getLogger("polar_mq.worker")
 
@@ -27,13 +29,10 @@ def context() -> StageContext:
     """Per-process context (Redis connections must not cross a fork)."""
     global _ctx
     if _ctx is None:
-        def enqueue(name: str, arg: str) -> None:
-            queue = {INIT_TASK: "init", RUN_TASK: "run"}.get(name, "postrun")
-            app.send_task(name, args=[arg], queue=queue)
-
-        _ctx = StageContext(settings=settings, store=PipelineStore(connect(settings.redis_url, ride_out_outages=60)),
+        store = PipelineStore(connect(settings.redis_url, ride_out_outages=60))
+        _ctx = StageContext(settings=settings, store=store,
                             gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
-                            enqueue=enqueue)
+                            enqueue=make_enqueue(app.send_task, store), node=f"{settings.node}:{os.getpid()}")
     return _ctx
 
 
@@ -44,8 +43,13 @@ def _reset_after_fork(**_: object) -> None:
 
 
 @worker_ready.connect
-def _janitor(**_: object) -> None:
-    start_janitor(context())
+def _janitor(sender=None, **_: object) -> None:
+    ctx = context()
+    start_janitor(ctx)
+    queues = sorted(getattr(app.amqp.queues, "consume_from", None) or app.amqp.queues)
+    concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
+    start_node_beat(ctx, f"{getattr(sender, 'hostname', 'worker')}",
+                    {"queues": queues, "concurrency": concurrency})
 
 
 def _run_stage(task, stage, session_id: str) -> str:

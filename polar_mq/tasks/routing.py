@@ -1,0 +1,50 @@
+"""Host-aware routing: a session's run and postrun go to the node that holds its runtime.
+
+Init is shared (any init worker on any host may prepare a session). The runtime it starts is
+stamped with its node (runtimes/hostid.py); from then on the session's RUN and POSTRUN messages go
+to the per-node queues `run@NODE` / `postrun@NODE`, which only that node's pools consume (next to
+the shared `run` / `postrun`, which they consume too). A postrun whose runtime's node is gone
+goes to the shared queue (it can build and grade from the gateway's calls; teardown is skipped).
+A run whose node is gone is never sent anywhere: the janitor re-initialises the session.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..pipeline_store import PipelineStore
+from ..runtimes.hostid import runtime_host
+from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK
+
+STAGE_QUEUE = {INIT_TASK: "init", RUN_TASK: "run", POSTRUN_TASK: "postrun", CALLBACK_TASK: "postrun"}
+NODE_BOUND = {"run", "postrun"}
+
+
+def node_queue(stage: str, node: str) -> str:
+    return f"{stage}@{node}"
+
+
+def worker_queues(stage: str, node: str) -> list[str]:
+    """What a pool of `stage` on `node` consumes."""
+    return [stage] if stage not in NODE_BOUND else [stage, node_queue(stage, node)]
+
+
+def queue_for(store: PipelineStore, name: str, arg: str) -> str:
+    """The queue of stage task `name` for session `arg` (callbacks: the shared postrun)."""
+    stage = STAGE_QUEUE.get(name, "postrun")
+    if name not in (RUN_TASK, POSTRUN_TASK):
+        return stage
+    rec = store.get_session(arg)
+    host = runtime_host(rec.runtime if rec else None)
+    if host is None:
+        return stage
+    if name == POSTRUN_TASK and not store.node_alive(host):
+        return stage
+    return node_queue(stage, host)
+
+
+def make_enqueue(send: Callable[..., object], store: PipelineStore) -> Callable[[str, str], None]:
+    """enqueue(task name, session id) over `send(name, args=[...], queue=...)` (Celery send_task)."""
+    def enqueue(name: str, arg: str) -> None:
+        send(name, args=[arg], queue=queue_for(store, name, arg))
+    return enqueue
