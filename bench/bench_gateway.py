@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
+from polar_mq.tokens import auth_headers
 
 SYSTEM_80K = ("You are an agent working in a repository. Follow the instructions carefully, use the "
               "tools provided, and report what you changed. ") * 600  # ~80 KB
@@ -92,7 +93,7 @@ def main() -> int:
                                 "--redis", redis_server.url, "--upstream", upstream, "--workers", "1"],
                                f"http://127.0.0.1:{gport}/health", logs / "gw.log"))
         gateway = f"http://127.0.0.1:{gport}"
-        session = requests.post(f"{gateway}/sessions", json={}, timeout=5).json()
+        session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
         key = session["key"]
         http = requests.Session()
 
@@ -144,7 +145,7 @@ def main() -> int:
                                                "anthropic-version": "2023-06-01"}),
                     args.n_large)
 
-        calls = http.get(f"{gateway}/sessions/{session['session_id']}/calls", timeout=30).json()["calls"]
+        calls = http.get(f"{gateway}/sessions/{session['session_id']}/calls", headers=auth_headers(), timeout=30).json()["calls"]
         table = Table(title=f"gateway per-call overhead (sequential, {os.cpu_count()} cores)")
         for col in ("series", "n", "p50 ms", "p99 ms", "p50 overhead ms", "p50 ratio vs direct"):
             table.add_column(col, justify="left" if col == "series" else "right")

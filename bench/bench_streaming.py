@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_gateway import pct, spawn  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.tokens import auth_headers
 
 PROVIDERS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 
@@ -71,7 +72,7 @@ def has_content(provider: str, data: dict[str, Any]) -> bool:
 
 
 def one(provider: str, gateway: str, prompt: str, max_tokens: int) -> dict[str, float]:
-    s = requests.post(f"{gateway}/sessions", json={}, timeout=10).json()
+    s = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=10).json()
     url, body = request_for(provider, s, prompt, max_tokens)
     t0 = time.perf_counter()
     resp = requests.post(url, json=body, stream=True, timeout=(5, 600))
@@ -92,7 +93,7 @@ def one(provider: str, gateway: str, prompt: str, max_tokens: int) -> dict[str, 
             if ttfc is None and has_content(provider, json.loads(line[6:])):
                 ttfc = time.perf_counter() - t0
     total = time.perf_counter() - t0
-    calls = requests.get(f"{gateway}/sessions/{s['session_id']}/calls", timeout=10).json()["calls"]
+    calls = requests.get(f"{gateway}/sessions/{s['session_id']}/calls", headers=auth_headers(), timeout=10).json()["calls"]
     rec = calls[0]
     return {"ttfb": ttfb or total, "ttfc": ttfc or total, "total": total, "frames": frames,
             "ids": rec["completion_token_ids"], "status": rec["status"],

@@ -26,10 +26,48 @@ def _gateway(args: argparse.Namespace) -> int:
         print("error: --tito on needs --tokenizer PATH (the served model's tokenizer directory)",
               file=sys.stderr)
         return 2
+    settings.admin_token = service_token("gateway", dev=args.dev)
     settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
     if embedded:
         print(f"started embedded redis at {settings.redis_url}", flush=True)
     serve(settings, dev=args.dev, workers=args.workers)
+    return 0
+
+
+def service_token(role: str, *, dev: bool, explicit: str | None = None) -> str | None:
+    """The token a service started from the command line requires. Without --dev it never serves
+    open: a missing token is generated into $POLAR_HOME/token. With --dev a token is used only
+    when one is set (flag or environment), else the service is open and says so loudly."""
+    from . import tokens
+    from .settings import TokenSettings
+
+    if explicit:
+        return explicit
+    settings = TokenSettings.from_env()
+    if dev:
+        token = tokens.server_token(role, settings, create=False) if (settings.api_token or
+                                                                      settings.gateway_token) else None
+        if token is None:
+            tokens.warn_open(role)
+        return token
+    existed = tokens.read_file(settings.token_file) is not None
+    token = tokens.server_token(role, settings)
+    if not (settings.api_token or settings.gateway_token) and not existed:
+        print(f"polar_mq {role}: generated a token in {settings.token_file} (mode 0600); "
+              f"polar-mq commands and polar_mq.client.Client read it from there", file=sys.stderr, flush=True)
+    return token
+
+
+def _token(args: argparse.Namespace) -> int:
+    """Print the token clients send (creating $POLAR_HOME/token when there is none)."""
+    from . import tokens
+    from .settings import TokenSettings
+
+    settings = TokenSettings.from_env()
+    if args.path:
+        print(settings.token_file)
+        return 0
+    print(tokens.server_token("api", settings))
     return 0
 
 
@@ -112,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "upstream takes token-id prompts; $POLAR_TITO)")
     gw.add_argument("--tokenizer", help="the served model's tokenizer directory, for --tito "
                                         "($POLAR_TOKENIZER)")
+    gw.add_argument("--dev", action="store_true",
+                    help="werkzeug threaded server instead of gunicorn; /sessions open unless a token is set")
     gw.set_defaults(func=_gateway)
 
     ms = sub.add_parser("model-server", help="run the vLLM-compatible stand-in model server",
@@ -140,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--run-concurrency", type=int, default=4)
     up.add_argument("--postrun-concurrency", type=int, default=2)
     up.add_argument("--no-flower", action="store_true")
+    up.add_argument("--dev", action="store_true", help="no tokens: every service open (local development only)")
     up.set_defaults(func=_up)
 
     gc = sub.add_parser("gc", help="expire finished tasks' Redis data and prune their session dirs")
@@ -151,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--delete", action="store_true", help="delete those tasks now instead of expiring them")
     gc.add_argument("--dry-run", action="store_true", help="only report what would be done")
     gc.set_defaults(func=_gc)
+    tok = sub.add_parser("token", help="print the service token (creates $POLAR_HOME/token, mode 0600, if missing)")
+    tok.add_argument("--path", action="store_true", help="print where the token file is instead")
+    tok.set_defaults(func=_token)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.set_defaults(func=_demo)

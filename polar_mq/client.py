@@ -1,7 +1,7 @@
 """A small Python client for the rollout API.
 
     from polar_mq.client import Client
-    c = Client()                       # $POLAR_API_URL, else http://127.0.0.1:8700; $POLAR_API_TOKEN
+    c = Client()   # $POLAR_API_URL, else http://127.0.0.1:8700; token: $POLAR_API_TOKEN, else $POLAR_HOME/token
     task = c.submit("task.yaml")       # or a dict
     final = c.wait(task["task_id"], timeout=600)
     trajectories = c.results(task["task_id"], status="COMPLETED", min_reward=0.5)["trajectories"]
@@ -61,7 +61,9 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
                  session: requests.Session | None = None):
         self.url = (url or default_url()).rstrip("/")
-        self.token = token if token is not None else (os.environ.get("POLAR_API_TOKEN") or None)
+        from .tokens import client_token
+
+        self.token = client_token(token)
         self.timeout = timeout
         self.http = session or requests.Session()
 

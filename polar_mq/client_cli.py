@@ -23,7 +23,7 @@ def _client(args: argparse.Namespace):
 
 def _api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api", help="API URL (default $POLAR_API_URL, else http://127.0.0.1:8700)")
-    p.add_argument("--token", help="bearer token (default $POLAR_API_TOKEN)")
+    p.add_argument("--token", help="bearer token (default $POLAR_API_TOKEN, else $POLAR_HOME/token)")
 
 
 def _err(msg: str) -> None:
@@ -39,7 +39,10 @@ def _serve_api(args: argparse.Namespace) -> int:
     url, embedded = ensure_redis(args.redis)
     if embedded:
         print(f"started embedded redis at {url}", flush=True)
-    settings = PipelineSettings.from_env(redis_url=url, api_token=args.token)
+    from .cli import service_token
+
+    settings = PipelineSettings.from_env(redis_url=url)
+    settings.api_token = service_token("api", dev=args.dev, explicit=args.token)
     serve(settings, host=args.host, port=args.port, dev=args.dev, workers=args.workers)
     return 0
 
@@ -292,9 +295,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8700)
     api.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL, else an embedded Redis)")
-    api.add_argument("--token", help="require this bearer token (default $POLAR_API_TOKEN)")
+    api.add_argument("--token", help="require this bearer token (default $POLAR_API_TOKEN, "
+                                     "$POLAR_GATEWAY_TOKEN, else $POLAR_HOME/token, generated if missing)")
     api.add_argument("--workers", type=int, help="gunicorn worker processes")
-    api.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
+    api.add_argument("--dev", action="store_true",
+                     help="werkzeug threaded server instead of gunicorn; open unless a token is set")
     api.set_defaults(func=_serve_api)
 
     submit = sub.add_parser("submit", help="submit a TaskRequest (YAML or JSON file), or a dataset (--dataset)")

@@ -86,7 +86,7 @@ ROUND_TRIPS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
 ]
 
 
-def _gateway_round_trips(console, gateway: str) -> int:
+def _gateway_round_trips(console, gateway: str, admin: dict[str, str]) -> int:
     """Part 1: one tool round trip per provider API through the gateway; a table of captures."""
     from rich.table import Table
 
@@ -95,14 +95,16 @@ def _gateway_round_trips(console, gateway: str) -> int:
         table.add_column(col, justify="right" if "tokens" in col or col == "traces" else "left")
     failures = 0
     for provider, round_trip in ROUND_TRIPS:
-        session = requests.post(f"{gateway}/sessions", json={"metadata": {"demo": provider}}, timeout=10).json()
+        session = requests.post(f"{gateway}/sessions", json={"metadata": {"demo": provider}}, headers=admin,
+                                timeout=10).json()
         try:
             round_trip(session)
         except Exception as exc:  # show every provider even if one fails
             failures += 1
             console.print(f"[red]{provider} failed:[/] {type(exc).__name__}: {exc}")
-        calls = requests.get(f"{gateway}/sessions/{session['session_id']}/calls", timeout=10).json()["calls"]
-        traj = requests.get(f"{gateway}/sessions/{session['session_id']}/trajectory",
+        calls = requests.get(f"{gateway}/sessions/{session['session_id']}/calls", headers=admin,
+                             timeout=10).json()["calls"]
+        traj = requests.get(f"{gateway}/sessions/{session['session_id']}/trajectory", headers=admin,
                             params={"builder": "prefix_merging"}, timeout=10).json()
         for i, rec in enumerate(calls, 1):
             table.add_row(rec["provider"], str(i), "yes" if rec["stream"] else "no",
@@ -113,7 +115,7 @@ def _gateway_round_trips(console, gateway: str) -> int:
     return failures
 
 
-def _pipeline(console, api_url: str, out_dir: Path) -> int:
+def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
     """Part 2: a task with several samples through init → READY → run → postrun."""
     from rich.progress import BarColumn, Progress, TextColumn
     from rich.table import Table
@@ -122,7 +124,7 @@ def _pipeline(console, api_url: str, out_dir: Path) -> int:
     from .export import token_rows, write_jsonl
 
     agent = Path(__file__).resolve().parent.parent / "examples" / "tiny_agent.py"
-    client = Client(api_url)
+    client = Client(api_url, token=token)
     task = {"instruction": "Write hello into polar.txt", "num_samples": 4, "timeout_seconds": 120,
             "agent": {"harness": "shell", "model": "demo-policy",
                       "options": {"command": [sys.executable, str(agent)]}},
@@ -184,11 +186,11 @@ def main() -> int:
                        concurrency=(2, 2, 1))
     try:
         console.print("[bold]polar_mq demo[/] (embedded defaults, no GPU)\n" + stack.describe())
-        failures = _gateway_round_trips(console, stack.gateway_url)
+        failures = _gateway_round_trips(console, stack.gateway_url, stack.gateway_headers)
         from .settings import PipelineSettings
 
         # Next to the per-session result files the postrun workers write (a per-user directory).
-        failures += _pipeline(console, stack.api_url, Path(PipelineSettings.from_env().results_dir))
+        failures += _pipeline(console, stack.api_url, stack.token, Path(PipelineSettings.from_env().results_dir))
         return 1 if failures else 0
     finally:
         stack.stop()

@@ -14,6 +14,11 @@ from flask import Flask
 def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
                workers: int | None = None, threads: int = 64, timeout: int = 120) -> None:
     if dev:
+        import logging
+
+        from .tokens import RedactingFilter
+
+        logging.getLogger("werkzeug").addFilter(RedactingFilter())  # request lines name /s/<key>
         print(f"polar_mq {name} (dev server) on http://{host}:{port}", flush=True)
         factory().run(host=host, port=port, threaded=True, use_reloader=False)
         return

@@ -8,11 +8,37 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def _env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
+
+
+def polar_home() -> Path:
+    """Where polar_mq keeps its per-user state (the token file): $POLAR_HOME, else
+    ~/.config/polar_mq."""
+    return Path(os.environ.get("POLAR_HOME") or Path.home() / ".config" / "polar_mq")
+
+
+@dataclass(frozen=True)
+class TokenSettings:
+    """Where the service tokens come from: POLAR_API_TOKEN, POLAR_GATEWAY_TOKEN, the token file.
+
+    Resolution (polar_mq.tokens): a service's own variable, else the other one, else the file
+    ($POLAR_HOME/token, mode 0600, generated on the first start of a service)."""
+
+    api_token: str | None = None
+    gateway_token: str | None = None
+    token_file: Path = field(default_factory=lambda: polar_home() / "token")
+
+    @classmethod
+    def from_env(cls) -> "TokenSettings":
+        env = os.environ
+        return cls(api_token=env.get("POLAR_API_TOKEN") or None,
+                   gateway_token=env.get("POLAR_GATEWAY_TOKEN") or None,
+                   token_file=polar_home() / "token")
 
 
 @dataclass
@@ -99,8 +125,10 @@ class PipelineSettings:
         s = cls()
         s.redis_url = env.get("POLAR_REDIS_URL") or s.redis_url
         s.gateway_url = env.get("POLAR_GATEWAY_URL") or s.gateway_url
-        s.gateway_token = env.get("POLAR_GATEWAY_TOKEN") or None
-        s.api_token = env.get("POLAR_API_TOKEN") or None
+        from .tokens import server_token  # the env variables, else the token file
+
+        s.gateway_token = server_token("gateway", create=False)
+        s.api_token = server_token("api", create=False)
         s.ready_capacity = int(env.get("POLAR_READY_CAPACITY") or s.ready_capacity)
         s.lease_ttl = _env_float("POLAR_LEASE_TTL", s.lease_ttl)
         s.visibility_timeout = _env_float("POLAR_VISIBILITY_TIMEOUT", s.visibility_timeout)

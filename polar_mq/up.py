@@ -19,7 +19,9 @@ from pathlib import Path
 
 import requests
 
+from . import tokens
 from .embedded_redis import ensure_redis, free_port
+from .settings import TokenSettings
 
 
 @dataclass
@@ -102,6 +104,16 @@ class Stack:
     flower_url: str | None
     log_dir: Path
     embedded: object | None
+    token: str | None = None  # the API's bearer token (None: started with dev=True, open)
+    gateway_token: str | None = None
+
+    @property
+    def api_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @property
+    def gateway_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.gateway_token}"} if self.gateway_token else {}
 
     def stop(self) -> None:
         self.supervisor.stop()
@@ -112,14 +124,22 @@ class Stack:
         return (f"  API      {self.api_url}\n  gateway  {self.gateway_url}\n"
                 f"  upstream {', '.join(self.upstreams)}\n"
                 f"  redis    {self.redis_url}{' (embedded)' if self.embedded else ''}\n"
-                + (f"  flower   {self.flower_url}\n" if self.flower_url else "") + f"  logs     {self.log_dir}")
+                + (f"  flower   {self.flower_url} (user polar, password: the token)\n" if self.flower_url else "")
+                + f"  logs     {self.log_dir}\n"
+                + (f"  token    {TokenSettings.from_env().token_file} (or $POLAR_API_TOKEN)" if self.token
+                   else "  token    NONE: --dev, every service is open"))
 
 
 def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int = 8600,
            flower_port: int = 5555, redis: str | None = None, upstreams: list[str] | None = None,
            concurrency: tuple[int, int, int] = (2, 4, 2), flower: bool = True,
-           extra_env: dict[str, str] | None = None) -> Stack:
-    """Start every role as child processes and wait until the API and gateway answer."""
+           extra_env: dict[str, str] | None = None, dev: bool = False) -> Stack:
+    """Start every role as child processes and wait until the API and gateway answer.
+
+    Every service requires the token (generated into $POLAR_HOME/token when none is set) and
+    binds to `host` (loopback by default); the children get the token through their settings
+    (POLAR_API_TOKEN / POLAR_GATEWAY_TOKEN in their environment, never a sandbox's). Flower asks
+    for HTTP basic auth: user ``polar``, the token as password. `dev` serves everything open."""
     py = sys.executable
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
                    time.strftime("%Y%m%d-%H%M%S"))
@@ -127,8 +147,16 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     redis_url, embedded = ensure_redis(redis)
     gateway_url = f"http://{host}:{gateway_port}"
     api_url = f"http://{host}:{api_port}"
-    env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway_url, "POLAR_API_URL": api_url,
-           "FLOWER_UNAUTHENTICATED_API": "true", **(extra_env or {})}
+    env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway_url, "POLAR_API_URL": api_url}
+    if dev:
+        api_token = gateway_token = None
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+        tokens.warn_open("up")
+    else:
+        api_token, gateway_token = tokens.server_token("api"), tokens.server_token("gateway")
+        env.update({"POLAR_API_TOKEN": api_token, "POLAR_GATEWAY_TOKEN": gateway_token,
+                    "FLOWER_BASIC_AUTH": f"polar:{api_token}"})
+    env.update(extra_env or {})
     sup = Supervisor(log_dir, env)
     try:
         upstreams = list(upstreams or [])
@@ -139,12 +167,12 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
             upstreams = [f"http://127.0.0.1:{port}"]
             wait_http(f"{upstreams[0]}/health", ms.proc)
         gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", host, "--port", str(gateway_port),
-                   "--redis", redis_url]
+                   "--redis", redis_url, *(["--dev"] if dev else [])]
         for up in upstreams:
             gw_args += ["--upstream", up]
         gw = sup.spawn("gateway", gw_args)
         api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", host, "--port", str(api_port),
-                                "--redis", redis_url])
+                                "--redis", redis_url, *(["--dev"] if dev else [])])
         for stage, n in zip(("init", "run", "postrun"), concurrency):
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
                                           "--concurrency", str(n)])
@@ -160,14 +188,15 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
         if embedded:
             embedded.stop()
         raise
-    return Stack(sup, api_url, gateway_url, redis_url, upstreams, flower_url, log_dir, embedded)
+    return Stack(sup, api_url, gateway_url, redis_url, upstreams, flower_url, log_dir, embedded,
+                 token=api_token, gateway_token=gateway_token)
 
 
 def main(args: argparse.Namespace) -> int:
     stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
                    flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
                    concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
-                   flower=not args.no_flower)
+                   flower=not args.no_flower, dev=args.dev)
     try:
         print("polar_mq is up\n" + stack.describe(), flush=True)
         return stack.supervisor.watch()

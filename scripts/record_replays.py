@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from polar_mq.harnesses import configs, install  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
+from polar_mq.tokens import auth_headers
 
 REPLAY_KEY = "REPLAY_KEY"
 MODEL = "stand-in"
@@ -277,7 +278,7 @@ def to_fixture_entry(e: Dict[str, Any], key: str) -> Dict[str, Any]:
 def record_one(harness: str, api: str, gateway: str, proxy: RecordingProxy, out_dir: Path,
                timeout: float, scenario: str = "basic") -> Dict[str, Any]:
     bin_path = install.install([harness])[harness]
-    sess = requests.post(f"{gateway}/sessions", json={"metadata": {"recording": harness, "api": api}},
+    sess = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={"metadata": {"recording": harness, "api": api}},
                          timeout=10).json()
     key = sess["key"]
     base_urls = {k: v.replace(gateway, proxy.url) for k, v in sess["base_urls"].items()}
@@ -303,7 +304,7 @@ def record_one(harness: str, api: str, gateway: str, proxy: RecordingProxy, out_
     secs = time.time() - t0
     time.sleep(0.5)  # let late side requests land
     entries = proxy.take()
-    calls = requests.get(f"{gateway}/sessions/{sess['session_id']}/calls", timeout=10).json()["calls"]
+    calls = requests.get(f"{gateway}/sessions/{sess['session_id']}/calls", headers=auth_headers(), timeout=10).json()["calls"]
     file_ok = target.exists() and target.read_text().strip() == "hello from polar"
     multi_turn = any(m.get("role") == "tool" for c in calls for m in (c.get("messages") or []))
     version = install.PACKAGES[harness].version

@@ -1,9 +1,16 @@
 """Session fixtures: a real redis-server, the stand-in model server and the gateway, each a real
-process on a free port. Tests talk to them over HTTP with the official SDKs."""
+process on a free port. Tests talk to them over HTTP with the official SDKs.
+
+Tokens: every service requires one (polar_mq.tokens). The test run has ONE token, `TOKEN`, set
+here as POLAR_API_TOKEN / POLAR_GATEWAY_TOKEN for this process and every process the fixtures
+start (and POLAR_HOME points at a private directory, so nothing writes ~/.config). Tests send it
+as `AUTH` (also `gateway.admin_headers`); polar_mq.client.Client picks it up by itself."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -19,6 +26,16 @@ from polar_mq.embedded_redis import free_port, start_embedded
 from polar_mq.up import wait_http  # noqa: F401  (tests import it from here)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# tests/vllm/conftest.py executes this file a second time: both executions share one token.
+TOKEN = os.environ.get("POLAR_TEST_TOKEN") or "pmqt-test-" + secrets.token_hex(12)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+if os.environ.get("POLAR_TEST_TOKEN") != TOKEN:
+    os.environ["POLAR_TEST_TOKEN"] = TOKEN
+    os.environ["POLAR_HOME"] = tempfile.mkdtemp(prefix="polar-test-home-")
+    atexit.register(shutil.rmtree, os.environ["POLAR_HOME"], True)
+os.environ["POLAR_API_TOKEN"] = TOKEN
+os.environ["POLAR_GATEWAY_TOKEN"] = TOKEN
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -96,17 +113,25 @@ class GatewayHandle:
     server: Server | None = None
     sessions: list[str] = field(default_factory=list)
 
+    admin_headers: dict[str, str] = field(default_factory=lambda: dict(AUTH))
+
     def new_session(self, **body: Any) -> dict[str, Any]:
-        resp = requests.post(f"{self.url}/sessions", json=body, timeout=10)
+        resp = requests.post(f"{self.url}/sessions", json=body, headers=self.admin_headers, timeout=10)
         assert resp.status_code in (200, 201), resp.text
         data = resp.json()
         self.sessions.append(data["session_id"])
         return data
 
     def calls(self, session_id: str) -> list[dict[str, Any]]:
-        resp = requests.get(f"{self.url}/sessions/{session_id}/calls", timeout=10)
+        resp = requests.get(f"{self.url}/sessions/{session_id}/calls", headers=self.admin_headers, timeout=10)
         assert resp.status_code == 200, resp.text
         return resp.json()["calls"]
+
+    def trajectory(self, session_id: str, builder: str = "per_request") -> dict[str, Any]:
+        resp = requests.get(f"{self.url}/sessions/{session_id}/trajectory", params={"builder": builder},
+                            headers=self.admin_headers, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
 
     def upstream_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The same request straight to the upstream, for comparing token ids."""

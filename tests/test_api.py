@@ -20,9 +20,11 @@ from polar_mq.pipeline_store import PipelineStore
 from polar_mq.store import Keys, connect
 from polar_mq.tasks.celery_app import INIT_TASK
 
-from conftest import spawn, stop
+from conftest import AUTH, spawn, stop
 
 TOKEN = "s3cret-token"
+http = requests.Session()  # the test run's token (conftest.AUTH) on every call to the API
+http.headers.update(AUTH)
 
 
 def db_url(redis_url: str, db: int) -> str:
@@ -33,8 +35,7 @@ def start_api(log_dir, redis_url: str, *extra: str, name: str = "api", ready: st
     port = free_port()
     args = [sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
             "--redis", redis_url, "--workers", "1", *extra]
-    server = spawn(args, f"http://127.0.0.1:{port}{ready}", log_dir, f"{name}-{port}",
-                   env={"POLAR_API_TOKEN": ""})
+    server = spawn(args, f"http://127.0.0.1:{port}{ready}", log_dir, f"{name}-{port}")
     server.url = f"http://127.0.0.1:{port}"
     return server
 
@@ -91,26 +92,26 @@ def problem(resp, status: int) -> dict:
     ([1, 2], "body"),
 ])
 def test_validation_400_names_the_field(api, body, field):
-    got = problem(requests.post(f"{api}/v1/tasks", json=body, timeout=10), 400)
+    got = problem(http.post(f"{api}/v1/tasks", json=body, timeout=10), 400)
     assert got["field"] == field
     assert field in got["detail"]
 
 
 def test_invalid_json_and_yaml_bodies(api):
-    got = problem(requests.post(f"{api}/v1/tasks", data="{not json",
+    got = problem(http.post(f"{api}/v1/tasks", data="{not json",
                                 headers={"Content-Type": "application/json"}, timeout=10), 400)
     assert got["field"] == "body" and "JSON" in got["detail"]
-    got = problem(requests.post(f"{api}/v1/tasks", data="a: [1, 2",
+    got = problem(http.post(f"{api}/v1/tasks", data="a: [1, 2",
                                 headers={"Content-Type": "application/yaml"}, timeout=10), 400)
     assert got["field"] == "body" and "YAML" in got["detail"]
-    problem(requests.post(f"{api}/v1/tasks", data="", timeout=10), 400)
+    problem(http.post(f"{api}/v1/tasks", data="", timeout=10), 400)
 
 
 def test_unknown_route_and_method_are_problems(api):
-    problem(requests.get(f"{api}/v2/nothing", timeout=10), 404)
-    problem(requests.put(f"{api}/v1/tasks", timeout=10), 405)
-    assert problem(requests.get(f"{api}/v1/tasks/nope", timeout=10), 404)["detail"].startswith("task")
-    problem(requests.get(f"{api}/v1/sessions/nope", timeout=10), 404)
+    problem(http.get(f"{api}/v2/nothing", timeout=10), 404)
+    problem(http.put(f"{api}/v1/tasks", timeout=10), 405)
+    assert problem(http.get(f"{api}/v1/tasks/nope", timeout=10), 404)["detail"].startswith("task")
+    problem(http.get(f"{api}/v1/sessions/nope", timeout=10), 404)
 
 
 # --- submit, idempotency, init messages ---------------------------------------------------------
@@ -127,7 +128,7 @@ def init_messages(r: redis.Redis) -> list[dict]:
 def test_submit_enqueues_one_init_per_session_and_is_idempotent(api, r, store):
     r.delete("init")
     body = shell_task(task_id="idem-1", num_samples=3, metadata={"k": "v"})
-    resp = requests.post(f"{api}/v1/tasks", json=body, timeout=10)
+    resp = http.post(f"{api}/v1/tasks", json=body, timeout=10)
     assert resp.status_code == 202, resp.text
     data = resp.json()
     assert list(data) == ["task_id", "session_ids"]
@@ -139,18 +140,18 @@ def test_submit_enqueues_one_init_per_session_and_is_idempotent(api, r, store):
     assert sorted(m["args"][0] for m in msgs) == sorted(data["session_ids"])
     assert [rec.state for rec in store.get_sessions(data["session_ids"])] == [states.REGISTERED] * 3
 
-    again = requests.post(f"{api}/v1/tasks", json=body, timeout=10)
+    again = http.post(f"{api}/v1/tasks", json=body, timeout=10)
     assert again.status_code == 200 and again.json() == data
     assert r.llen("init") == 3  # no duplicate messages for an identical resubmit
 
-    changed = problem(requests.post(f"{api}/v1/tasks", json={**body, "instruction": "other"}, timeout=10), 409)
+    changed = problem(http.post(f"{api}/v1/tasks", json={**body, "instruction": "other"}, timeout=10), 409)
     assert "idem-1" in changed["detail"]
     assert r.llen("init") == 3
 
 
 def test_yaml_submit_generates_task_id(api, r):
     text = "instruction: hello\nnum_samples: 1\nagent:\n  harness: shell\n  options:\n    command: echo hi\n"
-    resp = requests.post(f"{api}/v1/tasks", data=text, headers={"Content-Type": "application/yaml"}, timeout=10)
+    resp = http.post(f"{api}/v1/tasks", data=text, headers={"Content-Type": "application/yaml"}, timeout=10)
     assert resp.status_code == 202, resp.text
     assert len(resp.json()["task_id"]) >= 16 and len(resp.json()["session_ids"]) == 1
 
@@ -163,10 +164,10 @@ def test_resubmit_requeues_when_enqueue_never_finished(api, r, store):
     sids, created = store.create_task(parse_task(body))
     assert created
     r.delete("init")
-    resp = requests.post(f"{api}/v1/tasks", json=body, timeout=10)
+    resp = http.post(f"{api}/v1/tasks", json=body, timeout=10)
     assert resp.status_code == 200 and resp.json()["session_ids"] == sids
     assert sorted(m["args"][0] for m in init_messages(r)) == sorted(sids)
-    requests.post(f"{api}/v1/tasks", json=body, timeout=10)
+    http.post(f"{api}/v1/tasks", json=body, timeout=10)
     assert r.llen("init") == 2
 
 
@@ -188,15 +189,15 @@ def trajectory(sid: str, task_id: str, status: str, reward: float | None) -> Tra
 
 
 def test_status_follows_sessions_and_results_filter(api, store):
-    data = requests.post(f"{api}/v1/tasks", json=shell_task(task_id="stat-1", num_samples=4), timeout=10).json()
+    data = http.post(f"{api}/v1/tasks", json=shell_task(task_id="stat-1", num_samples=4), timeout=10).json()
     sids = data["session_ids"]
-    st = requests.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
+    st = http.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
     assert st["state"] == "pending" and st["counts"] == {"REGISTERED": 4} and st["terminal"] == 0
     assert [s["session_id"] for s in st["sessions"]] == sids
     assert set(st["sessions"][0]) >= {"state", "timings", "attempt", "node", "error", "reward", "durations"}
 
     store.transition(sids[0], states.INITIALIZING, node="host:42")
-    st = requests.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
+    st = http.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
     assert st["state"] == "running" and st["counts"] == {"REGISTERED": 3, "INITIALIZING": 1}
     s0 = st["sessions"][0]
     assert s0["node"] == "host:42" and "initializing_start" in s0["timings"] and "initializing" in s0["durations"]
@@ -208,43 +209,43 @@ def test_status_follows_sessions_and_results_filter(api, store):
     for sid, status in ((sids[0], "COMPLETED"), (sids[1], "COMPLETED"), (sids[2], "TIMEOUT")):
         store.save_trajectory(trajectory(sid, "stat-1", status, rewards[sid]))
 
-    res = requests.get(f"{api}/v1/tasks/stat-1/results", timeout=10).json()
+    res = http.get(f"{api}/v1/tasks/stat-1/results", timeout=10).json()
     assert res["state"] == "running" and res["count"] == 3 and res["total_sessions"] == 4
     assert res["sessions_without_trajectory"] == [{"session_id": sids[3], "state": "REGISTERED", "error": None}]
     assert {t["session_id"] for t in res["trajectories"]} == set(sids[:3])
     assert res["trajectories"][0]["traces"][0]["prompt_ids"] == [1, 2, 3]
 
-    res = requests.get(f"{api}/v1/tasks/stat-1/results", params={"status": "completed"}, timeout=10).json()
+    res = http.get(f"{api}/v1/tasks/stat-1/results", params={"status": "completed"}, timeout=10).json()
     assert {t["session_id"] for t in res["trajectories"]} == set(sids[:2])
     assert res["sessions_without_trajectory"] == []
-    res = requests.get(f"{api}/v1/tasks/stat-1/results", params={"min_reward": 0.5}, timeout=10).json()
+    res = http.get(f"{api}/v1/tasks/stat-1/results", params={"min_reward": 0.5}, timeout=10).json()
     assert [t["session_id"] for t in res["trajectories"]] == [sids[0]]
-    res = requests.get(f"{api}/v1/tasks/stat-1/results", params={"status": "TIMEOUT,ERROR"}, timeout=10).json()
+    res = http.get(f"{api}/v1/tasks/stat-1/results", params={"status": "TIMEOUT,ERROR"}, timeout=10).json()
     assert [t["session_id"] for t in res["trajectories"]] == [sids[2]]
-    bad = problem(requests.get(f"{api}/v1/tasks/stat-1/results", params={"min_reward": "x"}, timeout=10), 400)
+    bad = problem(http.get(f"{api}/v1/tasks/stat-1/results", params={"min_reward": "x"}, timeout=10), 400)
     assert bad["field"] == "min_reward"
 
     walk(store, sids[3], states.ERROR)
-    st = requests.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
+    st = http.get(f"{api}/v1/tasks/stat-1", timeout=10).json()
     assert st["state"] == "done" and st["terminal"] == 4
     assert st["counts"] == {"COMPLETED": 2, "ERROR": 1, "TIMEOUT": 1}
     assert st["mean_reward"] == pytest.approx(0.6)
 
-    sess = requests.get(f"{api}/v1/sessions/{sids[0]}", timeout=10).json()
+    sess = http.get(f"{api}/v1/sessions/{sids[0]}", timeout=10).json()
     assert sess["session_id"] == sids[0] and sess["state"] == "COMPLETED" and sess["reward"] == 1.0
     assert [h[0] for h in sess["history"]][:2] == ["REGISTERED", "INITIALIZING"]
 
-    listed = requests.get(f"{api}/v1/tasks", params={"limit": 100}, timeout=10).json()["tasks"]
+    listed = http.get(f"{api}/v1/tasks", params={"limit": 100}, timeout=10).json()["tasks"]
     assert "stat-1" in [t["task_id"] for t in listed]
     assert "sessions" not in listed[0]
 
 
 def test_cancel_errors_registered_sessions_and_flags_running_ones(api, store):
-    sids = requests.post(f"{api}/v1/tasks", json=shell_task(task_id="cancel-1", num_samples=3),
+    sids = http.post(f"{api}/v1/tasks", json=shell_task(task_id="cancel-1", num_samples=3),
                          timeout=10).json()["session_ids"]
     for st in (states.INITIALIZING, states.READY, states.RUNNING):
         store.transition(sids[0], st)
-    resp = requests.delete(f"{api}/v1/tasks/cancel-1", timeout=10)
+    resp = http.delete(f"{api}/v1/tasks/cancel-1", timeout=10)
     assert resp.status_code == 202, resp.text
     body = resp.json()
     assert body["cancelled"] is True
@@ -252,9 +253,9 @@ def test_cancel_errors_registered_sessions_and_flags_running_ones(api, store):
     assert got[sids[0]] == ("RUNNING", None)
     assert got[sids[1]] == got[sids[2]] == ("ERROR", "cancelled")
     assert store.is_cancelled("cancel-1")
-    st = requests.get(f"{api}/v1/tasks/cancel-1", timeout=10).json()
+    st = http.get(f"{api}/v1/tasks/cancel-1", timeout=10).json()
     assert st["cancelled"] is True and st["state"] == "running"
-    problem(requests.delete(f"{api}/v1/tasks/no-such-task", timeout=10), 404)
+    problem(http.delete(f"{api}/v1/tasks/no-such-task", timeout=10), 404)
 
 
 # --- admin pause / resume -----------------------------------------------------------------------
@@ -266,13 +267,13 @@ def test_pause_waits_for_in_flight_then_resume(api, r):
     gate.heartbeat("gw-test", {"upstreams": []})
     assert gate.begin("gw-test")[0] and gate.begin("gw-test")[0]
     t0 = time.monotonic()
-    body = requests.post(f"{api}/v1/admin/pause", params={"wait": 0.3}, timeout=10).json()
+    body = http.post(f"{api}/v1/admin/pause", params={"wait": 0.3}, timeout=10).json()
     assert (body["paused"], body["in_flight"], body["drained"]) == (True, 2, False)
     assert body["in_flight_by_gateway"] == {"gw-test": 2}
     assert 0.25 <= time.monotonic() - t0 < 3
     assert r.exists(keys.gateway_paused())
     assert gate.begin("gw-test") == (False, None)  # paused: nothing new is admitted
-    assert requests.get(f"{api}/v1/admin/pause", timeout=10).json()["paused"] is True
+    assert http.get(f"{api}/v1/admin/pause", timeout=10).json()["paused"] is True
 
     def drain() -> None:
         time.sleep(0.4)
@@ -282,33 +283,33 @@ def test_pause_waits_for_in_flight_then_resume(api, r):
 
     threading.Thread(target=drain, daemon=True).start()
     t0 = time.monotonic()
-    body = requests.post(f"{api}/v1/admin/pause", params={"wait": 20}, timeout=30).json()
+    body = http.post(f"{api}/v1/admin/pause", params={"wait": 20}, timeout=30).json()
     took = time.monotonic() - t0
     assert (body["paused"], body["in_flight"], body["drained"]) == (True, 0, True)
     assert 0.5 <= took < 5
 
-    body = requests.post(f"{api}/v1/admin/resume", timeout=10).json()
+    body = http.post(f"{api}/v1/admin/resume", timeout=10).json()
     assert body["paused"] is False
     assert not r.exists(keys.gateway_paused())
-    problem(requests.post(f"{api}/v1/admin/pause", params={"wait": "-1"}, timeout=10), 400)
-    problem(requests.post(f"{api}/v1/admin/pause", params={"mode": "later"}, timeout=10), 400)
-    problem(requests.post(f"{api}/v1/admin/resume", json={"policy_version": "v2"}, timeout=10), 400)
-    requests.post(f"{api}/v1/admin/resume", timeout=10)
+    problem(http.post(f"{api}/v1/admin/pause", params={"wait": "-1"}, timeout=10), 400)
+    problem(http.post(f"{api}/v1/admin/pause", params={"mode": "later"}, timeout=10), 400)
+    problem(http.post(f"{api}/v1/admin/resume", json={"policy_version": "v2"}, timeout=10), 400)
+    http.post(f"{api}/v1/admin/resume", timeout=10)
     gate.forget("gw-test")
 
 
 # --- health, metrics, openapi -------------------------------------------------------------------
 def test_health_metrics_openapi(api, r, store):
     r.delete("init")
-    requests.post(f"{api}/v1/tasks", json=shell_task(task_id="metrics-1", num_samples=2), timeout=10)
+    http.post(f"{api}/v1/tasks", json=shell_task(task_id="metrics-1", num_samples=2), timeout=10)
     store.r.lpush(store.keys.ready(), "fake-ready")
     store.r.sadd(store.keys.ready_slots(), "fake-ready")
     try:
-        health = requests.get(f"{api}/health", timeout=10).json()
+        health = http.get(f"{api}/health", timeout=10).json()
         assert health["status"] == "ok" and health["redis"] is True
         assert health["queues"]["init"] == 2 and set(health["queues"]) == {"init", "run", "postrun"}
 
-        resp = requests.get(f"{api}/metrics", timeout=10)
+        resp = http.get(f"{api}/metrics", timeout=10)
         assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/plain")
         text = resp.text
         samples = {}
@@ -328,7 +329,7 @@ def test_health_metrics_openapi(api, r, store):
     finally:
         store.take_ready("fake-ready")
 
-    doc = requests.get(f"{api}/openapi.json", timeout=10).json()
+    doc = http.get(f"{api}/openapi.json", timeout=10).json()
     assert doc["openapi"].startswith("3.1")
     for path in ("/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/results", "/v1/sessions/{session_id}",
                  "/v1/admin/pause", "/v1/admin/resume", "/v1/admin/status", "/v1/groups/next",
@@ -368,9 +369,9 @@ def test_redis_down_answers_503_problem(log_dir):
     dead = f"redis://127.0.0.1:{free_port()}/0"
     server = start_api(log_dir, dead, "--dev", name="api-dead", ready="/openapi.json")
     try:
-        got = problem(requests.get(f"{server.url}/health", timeout=15), 503)
+        got = problem(http.get(f"{server.url}/health", timeout=15), 503)
         assert got["redis"] is False
-        problem(requests.post(f"{server.url}/v1/tasks", json=shell_task(), timeout=15), 503)
-        problem(requests.get(f"{server.url}/v1/tasks/x", timeout=15), 503)
+        problem(http.post(f"{server.url}/v1/tasks", json=shell_task(), timeout=15), 503)
+        problem(http.get(f"{server.url}/v1/tasks/x", timeout=15), 503)
     finally:
         stop(server.proc)

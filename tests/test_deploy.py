@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, spawn, stop, wait_http
+from conftest import ROOT, TOKEN, spawn, stop, wait_http
 from pipeline_support import TINY_AGENT, make_pipeline
 from polar_mq.client import Client
 from polar_mq.embedded_redis import free_port
@@ -57,10 +57,14 @@ def test_flower_lists_the_stage_pools(gateway, tmp_path):
         port = free_port()
         flower = spawn([sys.executable, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
                         f"--port={port}", "--address=127.0.0.1"], f"http://127.0.0.1:{port}/healthcheck",
-                       tmp_path, "flower", env={**p.env, "FLOWER_UNAUTHENTICATED_API": "true"})
+                       tmp_path, "flower", env={**p.env, "FLOWER_BASIC_AUTH": f"polar:{TOKEN}"})
+        # Flower sits behind the token, as `polar-mq up` starts it (user polar, the token as password).
+        assert requests.get(f"http://127.0.0.1:{port}/api/workers", timeout=20).status_code == 401
+        assert requests.get(f"http://127.0.0.1:{port}/", auth=("polar", "wrong"), timeout=20).status_code == 401
         deadline, names = time.time() + 40, set()
         while time.time() < deadline:
-            resp = requests.get(f"http://127.0.0.1:{port}/api/workers", params={"refresh": "true"}, timeout=20)
+            resp = requests.get(f"http://127.0.0.1:{port}/api/workers", params={"refresh": "true"}, timeout=20,
+                                auth=("polar", TOKEN))
             if resp.ok:
                 workers = resp.json()
                 names = {name.split("-")[0] for name in workers}

@@ -11,7 +11,7 @@ import pytest
 import redis
 import requests
 
-from conftest import start_gateway, start_model_server, stop
+from conftest import AUTH, start_gateway, start_model_server, stop
 
 TOOLS = [{"type": "function", "function": {
     "name": "write", "description": "Write a file",
@@ -29,12 +29,12 @@ def test_session_resource_shape(gateway):
     assert s["base_urls"]["anthropic"] == f"{gateway.url}/s/{s['key']}"
     assert s["base_urls"]["gemini"] == f"{gateway.url}/s/{s['key']}"
     assert s["base_urls"]["openai"] == f"{gateway.url}/s/{s['key']}/v1"
-    again = requests.post(f"{gateway.url}/sessions", json={"session_id": s["session_id"]}, timeout=5)
+    again = requests.post(f"{gateway.url}/sessions", headers=AUTH, json={"session_id": s["session_id"]}, timeout=5)
     assert again.status_code == 200 and again.json()["key"] == s["key"]
-    got = requests.get(f"{gateway.url}/sessions/{s['session_id']}", timeout=5).json()
+    got = requests.get(f"{gateway.url}/sessions/{s['session_id']}", headers=AUTH, timeout=5).json()
     assert got["task_id"] == "t1" and got["metadata"] == {"group": 3}
-    assert requests.get(f"{gateway.url}/sessions/nope/calls", timeout=5).status_code == 404
-    bad = requests.post(f"{gateway.url}/sessions", json={"session_id": 5}, timeout=5)
+    assert requests.get(f"{gateway.url}/sessions/nope/calls", headers=AUTH, timeout=5).status_code == 404
+    bad = requests.post(f"{gateway.url}/sessions", headers=AUTH, json={"session_id": 5}, timeout=5)
     assert bad.status_code == 400 and "session_id" in bad.json()["detail"]
 
 
@@ -159,7 +159,7 @@ def test_oversize_body_is_rejected_in_provider_shape(log_dir, redis_url, model_s
     server = start_gateway(log_dir, redis_url, [model_server], name="gw-small",
                            env={"POLAR_MAX_BODY_BYTES": "20000"})
     try:
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         big = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x" * 30000}]}
         resp = requests.post(f"{s['base_urls']['anthropic']}/v1/messages", json=big, timeout=10)
         assert resp.status_code == 413
@@ -193,7 +193,7 @@ def test_upstream_unreachable_is_retryable_5xx_and_recorded(log_dir, redis_url):
     dead = f"http://127.0.0.1:{__import__('polar_mq.embedded_redis').embedded_redis.free_port()}"
     server = start_gateway(log_dir, redis_url, [dead], "--served-model", "stand-in", name="gw-dead")
     try:
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         t0 = time.time()
         resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=30,
                              json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
@@ -203,7 +203,7 @@ def test_upstream_unreachable_is_retryable_5xx_and_recorded(log_dir, redis_url):
         a = requests.post(f"{s['base_urls']['anthropic']}/v1/messages", timeout=30,
                           json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
         assert a.status_code == 529 and a.json()["error"]["type"] == "overloaded_error"
-        calls = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", timeout=5).json()["calls"]
+        calls = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", headers=AUTH, timeout=5).json()["calls"]
         assert [c["status"] for c in calls] == ["error", "error"]
         health = requests.get(f"{server.url}/health", timeout=5).json()
         assert health["status"] == "degraded" and health["upstreams"][0]["healthy"] is False
@@ -216,13 +216,13 @@ def test_failover_and_retry_on_5xx(log_dir, redis_url, model_server):
     server = start_gateway(log_dir, redis_url, [dead, model_server], name="gw-failover")
     try:
         for _ in range(4):  # whichever upstream the session hashes to, the call succeeds
-            s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+            s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
             resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=30,
                                  json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
             assert resp.status_code == 200, resp.text
-            rec = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", timeout=5).json()["calls"][0]
+            rec = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", headers=AUTH, timeout=5).json()["calls"][0]
             assert rec["upstream_url"] == model_server
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=30,
                              json={"model": "m", "messages": [{"role": "user", "content": "x polar:fail=500"}]})
         assert resp.status_code == 502 and resp.headers["x-should-retry"] == "true"
@@ -239,12 +239,12 @@ def test_session_affinity_is_stable(log_dir, redis_url):
         # Rendezvous hashing spreads sessions at random: with 16 sessions the chance that all land
         # on one of the two upstreams is 2**-15, so the spread assertion below is not flaky.
         for _ in range(16):
-            s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+            s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
             urls = set()
             for _ in range(2):
                 requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=30,
                               json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
-            for rec in requests.get(f"{server.url}/sessions/{s['session_id']}/calls", timeout=5).json()["calls"]:
+            for rec in requests.get(f"{server.url}/sessions/{s['session_id']}/calls", headers=AUTH, timeout=5).json()["calls"]:
                 urls.add(rec["upstream_url"])
             assert len(urls) == 1
             used |= urls
@@ -258,7 +258,7 @@ def test_keepalive_pings_during_long_upstream_call(log_dir, redis_url, model_ser
     server = start_gateway(log_dir, redis_url, [model_server], name="gw-ping",
                            env={"POLAR_FIRST_BYTE_WAIT": "0.2", "POLAR_PING_INTERVAL": "0.3"})
     try:
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         resp = requests.post(f"{s['base_urls']['openai']}/chat/completions", stream=True, timeout=(5, 1.0),
                              json={"model": "m", "stream": True,
                                    "messages": [{"role": "user", "content": "wait polar:sleep=2"}]})
@@ -281,7 +281,7 @@ def test_redis_down_gives_503_and_spools_the_call(log_dir, model_server, tmp_pat
     server = start_gateway(log_dir, own.url, [model_server], name="gw-redis",
                            env={"POLAR_SPOOL_DIR": str(spool), "POLAR_FIRST_BYTE_WAIT": "5"})
     try:
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         # Make the store fail after the key was resolved: rename the calls list key to a string
         # is not possible, so stop Redis while a slow call is in flight.
         import threading
@@ -331,10 +331,10 @@ def test_upstream_without_token_ids_is_reported_loudly(log_dir, redis_url):
         assert h["token_ids"] is False and h["status"] == "degraded" and h["warnings"]
         time.sleep(0.2)
         assert "DOES NOT RETURN TOKEN IDS" in server.output()
-        s = requests.post(f"{server.url}/sessions", json={}, timeout=5).json()
+        s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
         requests.post(f"{s['base_urls']['openai']}/chat/completions", timeout=30,
                       json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
-        rec = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", timeout=5).json()["calls"][0]
+        rec = requests.get(f"{server.url}/sessions/{s['session_id']}/calls", headers=AUTH, timeout=5).json()["calls"][0]
         assert "upstream returned no token ids" in rec["notes"]
     finally:
         stop(server.proc)
@@ -346,6 +346,7 @@ def test_admin_token_protects_session_resources(log_dir, redis_url, model_server
                            env={"POLAR_GATEWAY_TOKEN": "gw-secret"})
     try:
         assert requests.post(f"{server.url}/sessions", json={}, timeout=5).status_code == 401
+        assert requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).status_code == 401
         auth = {"Authorization": "Bearer gw-secret"}
         s = requests.post(f"{server.url}/sessions", json={}, headers=auth, timeout=5)
         assert s.status_code == 201

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from conftest import spawn, start_gateway, stop
+from conftest import AUTH, spawn, start_gateway, stop
 from polar_mq.embedded_redis import free_port
 from test_api import start_api
 
@@ -21,7 +21,7 @@ from test_api import start_api
 def api_on_gateway_redis(log_dir, redis_url):
     server = start_api(log_dir, redis_url, name="api-pause")
     yield server.url
-    requests.post(f"{server.url}/v1/admin/resume", timeout=10)
+    requests.post(f"{server.url}/v1/admin/resume", headers=AUTH, timeout=10)
     stop(server.proc)
 
 
@@ -42,7 +42,7 @@ def test_pause_drains_in_flight_and_holds_new_generations(gateway, api_on_gatewa
     t_slow = threading.Thread(target=slow)
     t_slow.start()
     time.sleep(0.5)  # the slow generation is in flight
-    body = requests.post(f"{api}/v1/admin/pause", params={"wait": 10}, timeout=30).json()
+    body = requests.post(f"{api}/v1/admin/pause", headers=AUTH, params={"wait": 10}, timeout=30).json()
     assert body["paused"] is True and body["drained"] is True and body["in_flight"] == 0
     assert "slow_done" in results  # pause returned only after the in-flight call finished
 
@@ -55,7 +55,7 @@ def test_pause_drains_in_flight_and_holds_new_generations(gateway, api_on_gatewa
     time.sleep(1.5)
     assert "held_done" not in results  # held while paused
     resumed = time.monotonic()
-    requests.post(f"{api}/v1/admin/resume", timeout=10).raise_for_status()
+    requests.post(f"{api}/v1/admin/resume", headers=AUTH, timeout=10).raise_for_status()
     t_held.join(30)
     t_slow.join(30)
     assert results["held_done"] >= resumed
@@ -68,7 +68,7 @@ def test_no_generation_starts_after_pause_returns(gateway, api_on_gateway_redis)
     """The old gateway cached the flag for 0.2 s: a call right after pause slipped through."""
     api = api_on_gateway_redis
     s = gateway.new_session()
-    requests.post(f"{api}/v1/admin/pause", params={"wait": 5}, timeout=30).raise_for_status()
+    requests.post(f"{api}/v1/admin/pause", headers=AUTH, params={"wait": 5}, timeout=30).raise_for_status()
     results: dict[str, float] = {}
 
     def right_after():
@@ -80,10 +80,10 @@ def test_no_generation_starts_after_pause_returns(gateway, api_on_gateway_redis)
         t.start()
     time.sleep(0.8)
     assert results == {} and gateway.calls(s["session_id"]) == []  # nothing went upstream
-    status = requests.get(f"{api}/v1/admin/status", timeout=10).json()
+    status = requests.get(f"{api}/v1/admin/status", headers=AUTH, timeout=10).json()
     assert status["paused"] is True and status["in_flight"] == 0 and status["live_gateways"]
     resumed = time.time()
-    requests.post(f"{api}/v1/admin/resume", timeout=10).raise_for_status()
+    requests.post(f"{api}/v1/admin/resume", headers=AUTH, timeout=10).raise_for_status()
     for t in threads:
         t.join(30)
     calls = gateway.calls(s["session_id"])
@@ -93,10 +93,10 @@ def test_no_generation_starts_after_pause_returns(gateway, api_on_gateway_redis)
 
 def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gateway, api_on_gateway_redis):
     api = api_on_gateway_redis
-    requests.post(f"{api}/v1/admin/resume", json={"policy_version": 1}, timeout=10).raise_for_status()
+    requests.post(f"{api}/v1/admin/resume", headers=AUTH, json={"policy_version": 1}, timeout=10).raise_for_status()
     s = gateway.new_session()
     chat(s, "turn one polar:notool").raise_for_status()
-    paused = requests.post(f"{api}/v1/admin/pause", params={"wait": 5}, timeout=30).json()
+    paused = requests.post(f"{api}/v1/admin/pause", headers=AUTH, params={"wait": 5}, timeout=30).json()
     assert paused["drained"] and paused["policy_version"] == 1
     held = threading.Thread(target=lambda: chat(s, "turn two polar:notool").raise_for_status())
     held.start()  # the session's next call arrives during the weight sync
@@ -105,7 +105,7 @@ def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gatewa
     upstream = paused["upstreams"][gateway.upstream_url]
     assert upstream["rl_api"] is True and upstream["is_paused"] is True
     assert requests.get(f"{gateway.upstream_url}/is_paused", timeout=5).json() == {"is_paused": True}
-    body = requests.post(f"{api}/v1/admin/resume", json={"policy_version": 2}, timeout=10).json()
+    body = requests.post(f"{api}/v1/admin/resume", headers=AUTH, json={"policy_version": 2}, timeout=10).json()
     assert body["paused"] is False and body["policy_version"] == 2
     assert body["upstreams"][gateway.upstream_url] == {"rl_api": True, "weight_version": "2", "is_paused": False}
     assert requests.get(f"{gateway.upstream_url}/weight_info", timeout=5).json() == {"weight_version": "2"}
@@ -114,7 +114,7 @@ def test_policy_version_stamped_across_a_pause_in_the_middle_of_a_session(gatewa
     calls = gateway.calls(s["session_id"])
     assert [c["policy_version"] for c in calls] == [1, 2, 2]
     assert calls[1]["held_ms"] > 0 and calls[0]["held_ms"] == 0
-    status = requests.get(f"{api}/v1/admin/status", timeout=10).json()
+    status = requests.get(f"{api}/v1/admin/status", headers=AUTH, timeout=10).json()
     assert status["policy_version"] == 2 and status["paused"] is False
     assert status["upstreams"][gateway.upstream_url]["weight_version"] == "2"
 
@@ -127,7 +127,7 @@ def test_a_dead_gateway_does_not_block_the_drain(gateway, log_dir, redis_url, mo
                 f"api-pause-ttl-{port}", env={"POLAR_API_TOKEN": "", "POLAR_GATEWAY_HEARTBEAT_TTL": "2"})
     doomed = start_gateway(log_dir, redis_url, [model_server], name="gateway-doomed")
     try:
-        s = requests.post(f"{doomed.url}/sessions", json={}, timeout=10).json()
+        s = requests.post(f"{doomed.url}/sessions", headers=AUTH, json={}, timeout=10).json()
         def doomed_call():
             try:
                 chat(s, "slow polar:sleep=30")
@@ -136,15 +136,15 @@ def test_a_dead_gateway_does_not_block_the_drain(gateway, log_dir, redis_url, mo
 
         threading.Thread(target=doomed_call, daemon=True).start()
         time.sleep(0.8)
-        before = requests.get(f"{api.url}/v1/admin/status", timeout=10).json()
+        before = requests.get(f"{api.url}/v1/admin/status", headers=AUTH, timeout=10).json()
         assert before["in_flight"] == 1
         os.killpg(doomed.proc.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        body = requests.post(f"{api.url}/v1/admin/pause", params={"wait": 20}, timeout=40).json()
+        body = requests.post(f"{api.url}/v1/admin/pause", headers=AUTH, params={"wait": 20}, timeout=40).json()
         assert body["drained"] is True and body["in_flight"] == 0
         assert len(body["dead_gateways"]) == 1 and time.monotonic() - t0 < 6
     finally:
-        requests.post(f"{api.url}/v1/admin/resume", timeout=10)
+        requests.post(f"{api.url}/v1/admin/resume", headers=AUTH, timeout=10)
         stop(api.proc)
         stop(doomed.proc)
 

@@ -190,13 +190,13 @@ def test_real_cli_session_merges_to_one_trace(pi_bin, scripted_gateway, tmp_path
     assert [(work / n).read_text() for n in ("one.txt", "two.txt", "three.txt")] == ["1", "2", "3"]
     calls = scripted_gateway.calls(sess["session_id"])
     assert [c["finish_reason"] for c in calls] == ["tool_calls"] * 3 + ["stop"]
-    traj = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory",
+    traj = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory", headers=scripted_gateway.admin_headers,
                         params={"builder": "prefix_merging"}, timeout=30).json()
     assert traj["stats"]["traces"] == 1 and traj["stats"]["delivered_fraction"] == 1.0
     trace = traj["traces"][0]
     last = calls[-1]
     assert trace["prompt_ids"] + trace["response_ids"] == last["prompt_token_ids"] + last["completion_token_ids"]
     assert sum(trace["loss_mask"]) == sum(len(c["completion_token_ids"]) for c in calls)
-    per_request = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory",
+    per_request = requests.get(f"{scripted_gateway.url}/sessions/{sess['session_id']}/trajectory", headers=scripted_gateway.admin_headers,
                                params={"builder": "per_request"}, timeout=30).json()
     assert per_request["stats"]["traces"] == 4

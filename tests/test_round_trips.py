@@ -23,7 +23,7 @@ def test_round_trip_keeps_the_prefix_property(gateway, provider, round_trip):
     assert second["prompt_token_ids"][: len(head)] == head
     for c in calls:
         assert len(c["completion_logprobs"]) == len(c["completion_token_ids"]) > 0
-    traj = requests.get(f"{gateway.url}/sessions/{session['session_id']}/trajectory",
+    traj = requests.get(f"{gateway.url}/sessions/{session['session_id']}/trajectory", headers=gateway.admin_headers,
                         params={"builder": "prefix_merging"}, timeout=10).json()
     assert traj["stats"]["traces"] == 1 and traj["stats"]["delivered_fraction"] == 1.0
     trace = traj["traces"][0]

@@ -9,7 +9,7 @@ from flask import request
 
 from .problems import Problem
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 
 
 def check_bearer(expected: str | None) -> None:

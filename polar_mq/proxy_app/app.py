@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
+from ..tokens import redact
 from ..store import GatewayStore, StoreUnavailable, connect
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, client_socket, enforce,
@@ -495,14 +496,14 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
         if isinstance(exc, RequestEntityTooLarge):
             msg = f"request body exceeds the gateway limit of {settings.max_body_bytes} bytes"
         else:
-            msg = f"{exc.name}: {exc.description} ({request.method} {request.path})"
+            msg = f"{exc.name}: {exc.description} ({request.method} {redact(request.path)})"
         err = GatewayError(kind, msg, status=exc.code)
         return error_response(adapter(provider_for_path(request.path)), err)
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):
-        log.exception("unhandled error on %s", request.path)
-        err = GatewayError("internal", f"gateway internal error: {type(exc).__name__}: {exc}")
+        log.exception("unhandled error on %s", redact(request.path))
+        err = GatewayError("internal", f"gateway internal error: {type(exc).__name__}: {redact(str(exc))}")
         return error_response(adapter(provider_for_path(request.path)), err)
 
     return app

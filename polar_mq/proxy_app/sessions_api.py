@@ -6,13 +6,12 @@ pipeline and scripts, not harnesses.
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, jsonify, request
 
-from .. import sampling
+from .. import sampling, tokens
 from ..store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -30,10 +29,20 @@ def register(app: Flask, gw: "Gateway") -> None:
     token = gw.settings.admin_token
 
     def authorised() -> bool:
+        """The admin token (constant-time compare). A session key is never an admin token; only a
+        gateway started with --dev and no token is open (it said so at start)."""
         if not token:
             return True
-        auth = request.headers.get("Authorization", "")
-        return auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip(), token)
+        return tokens.equal(tokens.bearer(request.headers.get("Authorization")), token)
+
+    @app.before_request
+    def _admin_only() -> Response | None:
+        if (request.path == "/sessions" or request.path.startswith("/sessions/")) and not authorised():
+            resp = problem(401, "Unauthorized", "the gateway's /sessions resources need the admin token "
+                           "(Authorization: Bearer <token>; see $POLAR_HOME/token)")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="polar-mq-gateway"'
+            return resp
+        return None
 
     @app.route("/", methods=["GET", "HEAD"])
     @app.route("/s/<key>", methods=["GET", "HEAD"])
@@ -61,8 +70,6 @@ def register(app: Flask, gw: "Gateway") -> None:
 
     @app.post("/sessions")
     def create_session() -> Response:
-        if not authorised():
-            return problem(401, "Unauthorized", "a valid bearer token is required")
         body: Any = request.get_json(silent=True) if request.get_data() else {}
         if body is None or not isinstance(body, dict):
             return problem(400, "Bad Request", "body must be a JSON object (or empty)")
@@ -79,6 +86,11 @@ def register(app: Flask, gw: "Gateway") -> None:
                                                        policy)
         except StoreUnavailable as exc:
             return problem(503, "Service Unavailable", str(exc))
+        if not created and not token:
+            # An open (--dev) gateway cannot tell the session's owner from anyone else: an existing
+            # session's key is only ever handed to the holder of the admin token.
+            return problem(409, "Conflict", f"session {session_id!r} exists; its key is only returned "
+                           "to the admin token")
         resp = jsonify({"session_id": session.session_id, "key": session.key,
                         "base_urls": gw.base_urls(session.key), "task_id": session.task_id,
                         "metadata": session.metadata, "sampling": session.sampling, "created": created,
@@ -88,8 +100,6 @@ def register(app: Flask, gw: "Gateway") -> None:
 
     @app.get("/sessions/<session_id>")
     def get_session(session_id: str) -> Response:
-        if not authorised():
-            return problem(401, "Unauthorized", "a valid bearer token is required")
         try:
             session = gw.store.get_session(session_id)
             if session is None:
@@ -118,8 +128,6 @@ def register(app: Flask, gw: "Gateway") -> None:
 
     @app.get("/sessions/<session_id>/calls")
     def calls(session_id: str) -> Response:
-        if not authorised():
-            return problem(401, "Unauthorized", "a valid bearer token is required")
         try:
             if gw.store.get_session(session_id) is None:
                 return problem(404, "Not Found", f"no session {session_id!r}")
@@ -130,8 +138,6 @@ def register(app: Flask, gw: "Gateway") -> None:
 
     @app.get("/sessions/<session_id>/trajectory")
     def trajectory(session_id: str) -> Response:
-        if not authorised():
-            return problem(401, "Unauthorized", "a valid bearer token is required")
         builder = request.args.get("builder", "per_request")
         try:
             session = gw.store.get_session(session_id)

@@ -125,7 +125,7 @@ def test_pi_through_gateway_to_vllm_gives_one_trace(api, pi_bin, vllm_gateway, v
     assert len(second["prompt_token_ids"]) > len(head)
 
     # prefix_merging: one trace (the main chain) that delivers every call
-    r = requests.get(f"{vllm_gateway.url}/sessions/{sess['session_id']}/trajectory",
+    r = requests.get(f"{vllm_gateway.url}/sessions/{sess['session_id']}/trajectory", headers=vllm_gateway.admin_headers,
                      params={"builder": "prefix_merging"}, timeout=30)
     assert r.status_code == 200, r.text
     traj = r.json()

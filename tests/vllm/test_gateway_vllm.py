@@ -179,7 +179,7 @@ def test_sdk_round_trip_records_real_vllm_ids(vllm_gateway, vllm_url, detokenize
     head = first["prompt_token_ids"] + first["completion_token_ids"]
     assert second["prompt_token_ids"][: len(head)] == head
 
-    traj = requests.get(f"{vllm_gateway.url}/sessions/{s['session_id']}/trajectory",
+    traj = requests.get(f"{vllm_gateway.url}/sessions/{s['session_id']}/trajectory", headers=vllm_gateway.admin_headers,
                         params={"builder": "prefix_merging"}, timeout=10).json()
     assert traj["stats"]["traces"] == 1, traj["stats"]
     trace = traj["traces"][0]
