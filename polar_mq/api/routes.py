@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import yaml
 from flask import Blueprint, Response, jsonify, request
 
-from .. import retention, states
+from .. import jsonsafe, retention, states
 from ..pipeline_store import Conflict
 from ..taskspec import ValidationError, parse_task
 from ..tasks.celery_app import INIT_TASK
@@ -34,15 +33,21 @@ def _body() -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise validation("body", "must be UTF-8")
-    if mimetype in YAML_TYPES:
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise validation("body", f"invalid YAML: {exc}")
+    # Only what can be stored gets in (jsonsafe): NaN, lone surrogates, >64-bit integers, deep
+    # nesting, YAML dates / binary / non-string keys are 400s naming the place, never 500s.
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise validation("body", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+        if mimetype in YAML_TYPES:
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise validation("body", f"invalid YAML: {exc}")
+            except RecursionError:
+                raise validation("body", "YAML nested too deeply")
+            jsonsafe.check(data)
+            return data
+        return jsonsafe.loads(text)
+    except jsonsafe.BodyError as exc:
+        raise validation(exc.where or "body", exc.message)
 
 
 def _float_arg(name: str, *, minimum: float | None = None, maximum: float | None = None) -> float | None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .. import jsonsafe
 from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
@@ -196,6 +197,16 @@ class Gateway:
 
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
                     inflight: Inflight, upstream: Any = None) -> None:
+        """Runs on an executor thread: whatever goes wrong, the stream gets its last item (an
+        exception must never die silently inside the future and leave the client on pings)."""
+        try:
+            self._stream_call(record, req, channel, inflight, upstream)
+        except BaseException as exc:
+            log.exception("streamed call %s of session %s failed", record.call_id, record.session_id)
+            channel.put(("error", GatewayError("internal", f"gateway error: {type(exc).__name__}")))
+
+    def _stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
+                     inflight: Inflight, upstream: Any = None) -> None:
         """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
         events go into `channel` as the upstream produces them: ("events", [...]), then, once the
         record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
@@ -384,9 +395,9 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     if not data.strip():
         raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
     try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError("invalid_request", f"request body is not valid JSON: {exc}") from exc
+        body = jsonsafe.loads(data)  # NaN, lone surrogates, >64-bit ints, deep nesting: 400, never 500
+    except jsonsafe.BodyError as exc:
+        raise GatewayError("invalid_request", f"request body is not acceptable JSON: {exc}") from None
     if not isinstance(body, dict):
         raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
     return body

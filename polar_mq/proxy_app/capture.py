@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from .. import jsonsafe
 from ..model import CaptureRecord
 from ..store import GatewayStore, StoreUnavailable, pack
 from .adapters.base import ChatRequest, ChatResult, GatewayError
@@ -80,9 +81,24 @@ class Recorder:
         self._lock = threading.Lock()
 
     def save(self, record: CaptureRecord) -> None:
-        """Store the record; on Redis failure spool it and raise GatewayError(store_unavailable)."""
+        """Store the record; on Redis failure spool it and raise GatewayError(store_unavailable).
+        A record that cannot be encoded as it is (a value the edge checks let through) is stored
+        sanitized (jsonsafe.sanitize, noted in the record) and the caller gets an error: it never
+        vanishes and never leaves a client waiting."""
         try:
             self.store.append_call(record)
+        except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it
+            log.error("call %s of session %s could not be encoded (%s: %s); storing a sanitized copy",
+                      record.call_id, record.session_id, type(exc).__name__, exc)
+            clean = CaptureRecord.from_dict(jsonsafe.sanitize(record.to_dict()))
+            clean.notes.append(f"sanitized before storing: {type(exc).__name__}: {exc}")
+            clean.status, clean.error = "error", clean.error or f"record could not be stored as sent: {exc}"
+            try:
+                self.store.append_call(clean)
+            except StoreUnavailable:
+                self._spool(clean)
+            raise GatewayError("invalid_request", f"the call could not be recorded as sent ({exc}); "
+                               "a sanitized copy was kept") from None
         except StoreUnavailable as exc:
             self._spool(record)
             raise GatewayError("store_unavailable",
