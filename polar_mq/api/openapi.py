@@ -23,7 +23,8 @@ def _problem(description: str) -> dict[str, Any]:
 
 
 _PATH_TASK = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_ERRORS = {"401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable")}
+_ERRORS = {"400": _problem("invalid request (body, query parameter); `field` names it"),
+           "401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable")}
 
 SCHEMAS: dict[str, Any] = {
     "Problem": {
@@ -196,6 +197,28 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
+def _null_allowed(schema: dict[str, Any]) -> None:
+    """The parser treats an explicit null like an absent optional field; say so in the document
+    (fuzzers check that every request the document rejects is rejected by the API too)."""
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        if prop.get("type") == "object" and "properties" in prop:
+            _null_allowed(prop)
+        if name in required:
+            continue
+        if isinstance(prop.get("type"), str):
+            prop["type"] = [prop["type"], "null"]
+        elif "enum" in prop:
+            prop["enum"] = [*prop["enum"], None]
+        elif "allOf" in prop or "oneOf" in prop:
+            key = "allOf" if "allOf" in prop else "oneOf"
+            prop["anyOf"] = [{key: prop.pop(key)}, {"type": "null"}]
+
+
+_null_allowed(SCHEMAS["TaskRequest"])
+_null_allowed(SCHEMAS["Strategy"]["oneOf"][1])
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -204,7 +227,7 @@ def document() -> dict[str, Any]:
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "required when POLAR_API_TOKEN is set"}},
+                                           "description": "the API token: POLAR_API_TOKEN, else $POLAR_HOME/token"}},
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -222,7 +245,8 @@ def document() -> dict[str, Any]:
                 },
                 "get": {
                     "summary": "Recent tasks (newest first)",
-                    "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50}}],
+                    "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50,
+                                                                                "minimum": 0, "maximum": 1000}}],
                     "responses": {"200": _json({"type": "object", "properties": {"tasks": {
                         "type": "array", "items": _ref("TaskStatus")}}}, "task summaries"), **_ERRORS},
                 },
@@ -324,10 +348,12 @@ def document() -> dict[str, Any]:
             "/metrics": {
                 "get": {"summary": "Prometheus metrics",
                         "responses": {"200": {"description": "text exposition format",
-                                              "content": {"text/plain": {"schema": {"type": "string"}}}}}},
+                                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                      **_ERRORS}},
             },
             "/openapi.json": {
-                "get": {"summary": "This document", "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}},
+                "get": {"summary": "This document (no token needed)", "security": [],
+                        "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}},
             },
         },
     }
