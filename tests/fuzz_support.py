@@ -16,8 +16,10 @@ FUZZ_EXAMPLES = int(os.environ.get("POLAR_FUZZ_EXAMPLES") or 15)
 CASES: Counter = Counter()
 
 
-def count_case(suite: str) -> None:
+def count_case(suite: str, status: int | None = None) -> None:
     CASES[suite] += 1
+    if status is not None:
+        CASES[f"{suite} {status // 100}xx"] += 1
 
 
 def _report() -> None:
