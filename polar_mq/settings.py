@@ -118,6 +118,10 @@ class PipelineSettings:
     # This host's name in the cluster (POLAR_NODE, default the hostname): runtimes are stamped with
     # it and a session's run/postrun go to the per-node queues `run@NODE` / `postrun@NODE`.
     node: str = field(default_factory=socket.gethostname)
+    # The local runtime has no isolation: it runs prepare.exec steps of submitted (untrusted)
+    # tasks only when the worker is started with POLAR_ALLOW_LOCAL_EXEC=1.
+    allow_local_exec: bool = False
+    callback_token: str | None = None  # signs callbacks (X-Polar-Signature); default: the API token
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -143,6 +147,8 @@ class PipelineSettings:
         s.keep_workdirs = env.get("POLAR_KEEP_WORKDIRS", "0").lower() in ("1", "true", "yes")
         s.retention_seconds = _env_float("POLAR_RETENTION_SECONDS", s.retention_seconds)
         s.node = env.get("POLAR_NODE") or s.node
+        s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
+        s.callback_token = env.get("POLAR_CALLBACK_TOKEN") or s.api_token
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

@@ -15,7 +15,7 @@ from typing import Any
 from . import sampling
 
 HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell")
-BACKENDS = ("docker", "apptainer", "bwrap", "local")
+BACKENDS = ("auto", "docker", "apptainer", "bwrap", "local")  # auto: the safest one the worker has
 BUILDERS = ("per_request", "prefix_merging")
 
 
@@ -37,7 +37,7 @@ class AgentSpec:
 
 @dataclass
 class RuntimeSpec:
-    backend: str = "local"
+    backend: str = "auto"
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
@@ -158,7 +158,7 @@ def parse_task(data: Any) -> TaskRequest:
     rt = _get(data, "runtime", dict, "", default={})
     _no_unknown(rt, {"backend", "image", "env", "workdir", "prepare", "cpus", "memory_mb",
                      "allow_internet", "gpus", "keep_workdir"}, "runtime.")
-    backend = _get(rt, "backend", str, "runtime.", default="local")
+    backend = _get(rt, "backend", str, "runtime.", default="auto")
     if backend not in BACKENDS:
         raise ValidationError("runtime.backend", f"unknown {backend!r}; use one of {', '.join(BACKENDS)}")
     env = _get(rt, "env", dict, "runtime.", default={})

@@ -176,13 +176,15 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
         for stage, n in zip(("init", "run", "postrun"), concurrency):
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
                                           "--concurrency", str(n)])
-        flower_url = None
+        flower_url = fl = None
         if flower and importlib.util.find_spec("flower") is not None:
-            sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
+            fl = sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
                                  f"--port={flower_port}", f"--address={host}"])
             flower_url = f"http://{host}:{flower_port}"
         wait_http(f"{gateway_url}/health", gw.proc)
         wait_http(f"{api_url}/health", api.proc)
+        if fl is not None:
+            wait_http(f"{flower_url}/healthcheck", fl.proc)
     except BaseException:
         sup.stop()
         if embedded:

@@ -68,7 +68,7 @@ def test_kill_run_worker_mid_session(gateway, tmp_path):
 
 
 def test_kill_init_worker_mid_prepare(gateway, tmp_path):
-    p = make_pipeline(gateway, tmp_path)
+    p = make_pipeline(gateway, tmp_path, POLAR_ALLOW_LOCAL_EXEC="1")  # a trusted task: exec on local
     try:
         victim = p.start_worker("init", 1)
         p.start_worker("run", 1)

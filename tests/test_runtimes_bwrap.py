@@ -31,7 +31,7 @@ for target in sys.argv[2:]:
     except OSError as exc:
         print("denied", target, exc.errno)
 Path("/tmp/private.txt").write_text("tmp")
-print("gateway", urllib.request.urlopen(sys.argv[1] + "/health", timeout=5).status)
+print("gateway", urllib.request.urlopen(sys.argv[1] + "/s/x", timeout=5).status)
 try:
     socket.create_connection(("1.1.1.1", 80), 3)
     print("INTERNET")

@@ -65,7 +65,7 @@ def test_container_lifecycle_limits_files_and_timeout(engine, gateway, tmp_path)
 
         # no network, except the gateway bridged onto the container's own loopback
         probe = ("import urllib.request,sys\n"
-                 "print(urllib.request.urlopen(sys.argv[1] + '/health', timeout=5).status)\n")
+                 "print(urllib.request.urlopen(sys.argv[1] + '/s/x', timeout=5).status)\n")
         r = rt.exec(handle, [sys.executable, "-c", probe, gateway.url], env={}, timeout=30,
                     log_path=tmp_path / "s" / "logs" / "nobridge.log")
         assert r.exit_code != 0  # no gateway_urls: nothing bridged

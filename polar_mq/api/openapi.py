@@ -74,7 +74,9 @@ SCHEMAS: dict[str, Any] = {
             "runtime": {
                 "type": "object", "additionalProperties": False,
                 "properties": {
-                    "backend": {"enum": list(BACKENDS), "default": "local"},
+                    "backend": {"enum": list(BACKENDS), "default": "auto",
+                                "description": "auto: docker (with an image) → bwrap → local, the "
+                                               "safest the worker has"},
                     "image": {"type": "string", "description": "required for docker and apptainer"},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "workdir": {"type": "string"},

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..runtimes import get_runtime
+from ..runtimes import get_runtime, resolve_backend
 from ..runtimes.base import ExecResult
 from ..taskspec import RuntimeSpec
 from .base import GraderTimeout, InfraError, remaining
@@ -142,7 +142,7 @@ def fresh_workspace(context: dict[str, Any], config: dict[str, Any]) -> Iterator
     config: `repo_source` (host path copied to `repo_dir`), `rerun_prepare` (default: true when
     there is no repo_source), `keep_fresh` (keep the local copy after grading, for debugging)."""
     spec = task_runtime_spec(context)
-    runtime = _runtime_for(context, spec.backend)
+    runtime = _runtime_for(context, resolve_backend(spec, (context.get("session") or {}).get("runtime")))
     session_dir = context.get("session_dir") or (context.get("session") or {}).get("runtime", {}).get("session_dir")
     root = Path(session_dir) if session_dir else _log_dir(context)
     n = 0

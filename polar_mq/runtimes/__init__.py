@@ -1,16 +1,34 @@
-"""Runtimes: where a session's harness runs. `get_runtime(backend)` returns one by name."""
+"""Runtimes: where a session's harness runs. `get_runtime(backend)` returns one by name.
+
+A TaskRequest without `runtime.backend` gets ``auto``: the safest runtime this worker has
+(`select_backend`): docker when the task names an image and an engine answers, else bwrap when
+bubblewrap works here, else local, with a loud warning (no isolation at all). The choice is made
+once, by the init worker, and kept in the session's runtime handle, so every later stage uses the
+same one.
+"""
 
 from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import subprocess
 
 from ..plugins import import_object
 from .base import ExecResult, Runtime
 
+log = logging.getLogger("polar_mq.runtimes")
+
+AUTO = "auto"
 _FACTORIES = {
     "local": "polar_mq.runtimes.local:LocalRuntime",
     "bwrap": "polar_mq.runtimes.bwrap:BwrapRuntime",
     "docker": "polar_mq.runtimes.docker:DockerRuntime",
     "apptainer": "polar_mq.runtimes.apptainer:ApptainerRuntime",
 }
+LOCAL_WARNING = ("runtime auto: neither a docker engine (with runtime.image) nor a working bubblewrap "
+                 "here; session %s runs with the LOCAL runtime: NO ISOLATION, the agent can read and "
+                 "write everything this worker can. Install bubblewrap (apt-get install bubblewrap).")
 
 
 def get_runtime(backend: str) -> Runtime:
@@ -21,4 +39,50 @@ def get_runtime(backend: str) -> Runtime:
     return import_object(target)()
 
 
-__all__ = ["ExecResult", "Runtime", "get_runtime"]
+@functools.lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """bubblewrap is installed and can make a sandbox here (user namespaces allowed)."""
+    path = shutil.which("bwrap")
+    if not path:
+        return False
+    try:
+        return subprocess.run([path, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                               "true"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def docker_works() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - no SDK, no engine, no permission: not available
+        return False
+
+
+def select_backend(image: str | None, session_id: str = "") -> str:
+    """The safest backend available for a task (docker needs an image)."""
+    if image and docker_works():
+        return "docker"
+    if bwrap_works():
+        return "bwrap"
+    log.warning(LOCAL_WARNING, session_id or "?")
+    return "local"
+
+
+def resolve_backend(spec, handle: dict | None = None, session_id: str = "") -> str:
+    """The concrete backend of a task's runtime: as written, or for ``auto`` the one the session's
+    handle records (chosen at init), else a fresh choice."""
+    if spec.backend != AUTO:
+        return spec.backend
+    if handle and handle.get("backend") in _FACTORIES:
+        return handle["backend"]
+    return select_backend(spec.image, session_id)
+
+
+__all__ = ["AUTO", "ExecResult", "Runtime", "get_runtime", "resolve_backend", "select_backend"]

@@ -5,13 +5,17 @@ installed harness CLIs work unchanged), a private /tmp, /dev and /proc, and exac
 host directory: the session dir (work dir, HOME, logs), bound at its own path so every path a
 harness config names is the same inside and out. It has its own PID namespace (everything in it
 dies when the sandbox's init dies, and bwrap dies with the worker: ``--die-with-parent``), its
-own IPC/UTS/cgroup namespaces, and its own network namespace unless ``allow_internet``.
+own IPC/UTS/cgroup namespaces, and its own network namespace unless ``allow_internet``. What the
+read-only root would reveal about other sessions and the services (the token file's directory,
+the other session dirs, results, spool, logs, /run with its unix sockets) is covered by empty
+tmpfs mounts (``hidden_host_paths``).
 
 Network: with a private network namespace the sandbox's loopback is its own, so a gateway on the
 host's ``127.0.0.1:PORT`` would be out of reach. The sandbox command is therefore wrapped in
 :mod:`polar_mq.runtimes.netbridge`, which listens on the same ``127.0.0.1:PORT`` inside and relays
-to a unix socket (bound in from a short host temp dir) that the worker relays to the gateway. The
-harness reaches the gateway and nothing else; no privileges are needed. With ``allow_internet``
+to a unix socket (bound in from a short host temp dir) that the worker relays to the gateway,
+through :mod:`polar_mq.runtimes.session_guard`: only this session's provider endpoints, one request
+per connection. No privileges are needed. With ``allow_internet``
 the host network is shared (``--share-net``). A gateway addressed by a non-loopback host is
 reachable only with ``allow_internet``.
 
@@ -33,6 +37,7 @@ from ..taskspec import RuntimeSpec
 from .base import ExecResult
 from .local import LocalRuntime, base_env, kill_group, supervise
 from .netbridge import UnixRelay, sandbox_forwards
+from .session_guard import SessionGuard, key_from_urls
 
 log = logging.getLogger("polar_mq.runtimes.bwrap")
 
@@ -51,6 +56,28 @@ def host_paths_under_tmp() -> list[str]:
     under = sorted(p for p in candidates if p == "/tmp" or p.startswith("/tmp/"))
     # Drop paths already covered by a shorter one.
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
+
+
+def hidden_host_paths() -> list[str]:
+    """Host paths the read-only root would otherwise show the sandbox, each replaced by an empty
+    tmpfs: the token file's directory, every session's dir (their harness configs hold their
+    keys; the sandbox's own dir is bound back on top), results, the gateway's spool, `up`'s logs,
+    and /run (the docker socket and other daemons' unix sockets, reachable without a network)."""
+    import os
+
+    from ..settings import GatewaySettings, PipelineSettings, polar_home
+
+    pipeline = PipelineSettings.from_env()
+    cache = Path.home() / ".cache" / "polar_mq"
+    candidates = [str(polar_home()), pipeline.sessions_dir, pipeline.results_dir,
+                  GatewaySettings.from_env().spool_dir or str(cache / "spool"), str(cache / "logs"),
+                  str(cache / "sessions"), str(cache / "results"), "/run"]
+    out: list[str] = []
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real not in out and not real.startswith("/tmp/") and real != "/tmp":
+            out.append(real)  # /tmp is private in the sandbox already
+    return out
 
 
 def bwrap_path() -> str | None:
@@ -87,6 +114,9 @@ class BwrapRuntime(LocalRuntime):
         argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
         for path in host_paths_under_tmp():  # the private /tmp must not hide our interpreter
             argv += ["--ro-bind", path, path]
+        for path in hidden_host_paths():  # tokens, other sessions' dirs and keys, daemons' sockets
+            if path != sdir:
+                argv += ["--tmpfs", path]
         argv += ["--bind", sdir, sdir]
         cwd = handle.get("cwd") or handle["workdir"]
         if cwd != handle["workdir"]:
@@ -111,11 +141,15 @@ class BwrapRuntime(LocalRuntime):
         tmp = None
         try:
             if not handle.get("allow_internet"):
-                # Loopback and remote gateways alike (netbridge.sandbox_forwards).
+                # Loopback and remote gateways alike (netbridge.sandbox_forwards); only this
+                # session's provider endpoints pass the bridge (session_guard).
+                key = key_from_urls(handle.get("gateway_urls") or [])
+                guard = SessionGuard(key) if key else None
                 for fw in sandbox_forwards(handle.get("gateway_urls") or []):
                     if tmp is None:  # short path: unix socket paths are limited to 108 bytes
                         tmp = tempfile.mkdtemp(prefix="polar-gw-")
-                    relays.append(UnixRelay(Path(tmp) / f"{fw.port}.sock", fw.target_host, fw.target_port))
+                    relays.append(UnixRelay(Path(tmp) / f"{fw.port}.sock", fw.target_host, fw.target_port,
+                                            guard))
                     bridges.append((fw.listen_host, fw.port, tmp))
             return supervise(self.argv(handle, cmd, bridges), cwd=handle["workdir"],
                              env=base_env(handle, env), timeout=timeout, log_path=log_path,

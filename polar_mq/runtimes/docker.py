@@ -245,14 +245,16 @@ class DockerRuntime:
         if handle.get("network") != "none":
             return None
         from .netbridge import NetnsBridge, sandbox_forwards
+        from .session_guard import SessionGuard, key_from_urls
 
         local = sandbox_forwards(handle.get("gateway_urls") or [])  # remote gateways too
         if not local:
             return None
         container.reload()
         pid = container.attrs["State"]["Pid"]
+        key = key_from_urls(handle.get("gateway_urls") or [])
         try:
-            return NetnsBridge(pid, local)
+            return NetnsBridge(pid, local, SessionGuard(key) if key else None)
         except OSError as exc:
             raise RuntimeError(
                 f"cannot bridge the gateway into the container's private network ({exc}); run the "

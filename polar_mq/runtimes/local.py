@@ -133,3 +133,14 @@ class LocalRuntime:
 
     def stop(self, handle: dict[str, Any]) -> None:
         self.reap(handle)
+
+
+def refused_prepare(handle: dict[str, Any], step: dict[str, Any], allow_local_exec: bool) -> str | None:
+    """Why a prepare step may not run, or None. The local runtime has no isolation: a submitted
+    task's `exec` steps would run as the worker, so they run only on workers started with
+    POLAR_ALLOW_LOCAL_EXEC=1 (settings.allow_local_exec). Harness commands are not affected."""
+    if "exec" in step and handle.get("backend") == "local" and not allow_local_exec:
+        return ("refused: the local runtime has no isolation and this worker does not run prepare.exec "
+                "of submitted tasks (use runtime.backend bwrap or docker, or start the worker with "
+                "POLAR_ALLOW_LOCAL_EXEC=1 if every task is trusted)")
+    return None

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
+from .session_guard import guarded_relay
+
 log = logging.getLogger("polar_mq.netbridge")
 
 CLONE_NEWNET = 0x40000000
@@ -140,11 +142,14 @@ def _relay(client: socket.socket, connect) -> None:
 
 
 class Relay:
-    """Accept on `listener`, relay each connection to what `connect()` returns (daemon threads)."""
+    """Accept on `listener`, relay each connection to what `connect()` returns (daemon threads).
+    With a `guard` (session_guard.SessionGuard) each connection carries one HTTP request, and
+    only one that belongs to the guarded session."""
 
-    def __init__(self, listener: socket.socket, connect):
+    def __init__(self, listener: socket.socket, connect, guard=None):
         self.listener = listener
         self.connect = connect
+        self.guard = guard
         self._closed = False
         self.thread = threading.Thread(target=self._loop, name="polar-netbridge", daemon=True)
         self.thread.start()
@@ -155,7 +160,12 @@ class Relay:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=_relay, args=(client, self.connect), daemon=True).start()
+            if self.guard is not None:
+                client.settimeout(600)
+                threading.Thread(target=guarded_relay, args=(client, self.connect, self.guard, _pipe),
+                                 daemon=True).start()
+            else:
+                threading.Thread(target=_relay, args=(client, self.connect), daemon=True).start()
 
     def close(self) -> None:
         self._closed = True
@@ -190,7 +200,7 @@ def _tcp_listener(host: str, port: int) -> socket.socket:
 class UnixRelay(Relay):
     """Host side of the bwrap bridge: a unix socket file relayed to the gateway over TCP."""
 
-    def __init__(self, path: Path, host: str, port: int):
+    def __init__(self, path: Path, host: str, port: int, guard=None):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -202,7 +212,7 @@ class UnixRelay(Relay):
         os.chmod(path, 0o666)
         s.listen(64)
         self.path = path
-        super().__init__(s, tcp_connector(host, port))
+        super().__init__(s, tcp_connector(host, port), guard)
 
     def close(self) -> None:
         super().close()
@@ -249,14 +259,14 @@ class NetnsBridge:
     """Listeners inside a container's network namespace for each gateway endpoint (an endpoint
     is a Forward, or a (host, port) listened on and relayed to as is)."""
 
-    def __init__(self, pid: int, endpoints: list[Forward] | list[tuple[str, int]]):
+    def __init__(self, pid: int, endpoints: list[Forward] | list[tuple[str, int]], guard=None):
         self.relays: list[Relay] = []
         try:
             for ep in endpoints:
                 fw = ep if isinstance(ep, Forward) else Forward("127.0.0.1" if ep[0] == "localhost" else ep[0],
                                                                 ep[1], ep[0], ep[1])
                 self.relays.append(Relay(listen_in_netns(pid, fw.listen_host, fw.port),
-                                         tcp_connector(fw.target_host, fw.target_port)))
+                                         tcp_connector(fw.target_host, fw.target_port), guard))
         except Exception:
             self.close()
             raise

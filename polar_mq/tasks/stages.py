@@ -20,9 +20,10 @@ from ..graders.run import run_grading, sft_options
 from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
 from ..model import SessionRecord, Trajectory
-from ..runtimes import get_runtime
+from ..runtimes import get_runtime, resolve_backend
 from ..runtimes.hostid import is_here, runtime_host, stamp
 from ..runtimes.netbridge import sandbox_urls
+from ..runtimes.local import refused_prepare
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
 from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
@@ -117,17 +118,18 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
                            deadline=rec.deadline or now + task.timeout_seconds)
     if rec is None:
         return "skipped"
-    runtime = get_runtime(task.runtime.backend)
+    runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
     if takeover and rec.runtime and is_here(rec.runtime, ctx.node):
         runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
+from ..runtimes.local import refused_prepare
     sdir = session_dir(ctx, rec)
     handle = stamp(runtime.start(task.runtime, sdir, session_id), ctx.settings.node)
     store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
     for i, step in enumerate(task.runtime.prepare):
         if time.time() > rec.deadline:
             return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent during prepare")
-        err = _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log",
-                            rec.deadline - time.time(), lease)
+        err = refused_prepare(handle, step, ctx.settings.allow_local_exec) or \
+            _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log", rec.deadline - time.time(), lease)
         if err:
             return to_postrun(ctx, session_id, states.ERROR, f"prepare step {i} failed: {err}")
     gateway_fields = register_gateway(ctx, rec, task, gateway_index(rec))
@@ -188,7 +190,7 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     if not is_here(rec.runtime, ctx.settings.node):
         return _reroute(ctx, rec, RUN_TASK)
     takeover = rec.state == states.RUNNING
-    runtime = get_runtime(task.runtime.backend)
+    runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
     fields: dict[str, Any] = {}
     if takeover:
         # The previous run worker died: kill what it left, start a clean attempt.
@@ -334,7 +336,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     _write_result_file(ctx, traj)
     if rec.runtime and here:  # a runtime whose host is gone went with it
         try:
-            get_runtime(task.runtime.backend).stop(rec.runtime)
+            get_runtime(resolve_backend(task.runtime, rec.runtime, session_id)).stop(rec.runtime)
         except Exception:
             log.exception("teardown failed for %s", session_id)
     if not (ctx.settings.keep_workdirs or task.runtime.keep_workdir):
