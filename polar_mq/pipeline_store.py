@@ -7,6 +7,7 @@ a session backwards. Leases with heartbeats tell a live worker from a dead one.
 
 from __future__ import annotations
 
+import json
 import socket
 import os
 import time
@@ -298,6 +299,15 @@ class PipelineStore:
 
     def counters(self) -> dict[str, float]:
         return {k.decode(): float(v) for k, v in self.r.hgetall(self.keys.counter()).items()}
+
+    def record_callback(self, task_id: str, delivery_id: str, state: dict[str, Any]) -> None:
+        """The delivery state of one callback (delivered | retrying | dead_letter), for the status."""
+        self.r.hset(self.keys.task_callbacks(task_id), delivery_id, json.dumps(state))
+
+    def callbacks(self, task_id: str) -> list[dict[str, Any]]:
+        raw = self.r.hgetall(self.keys.task_callbacks(task_id))
+        states_ = [json.loads(v) for v in raw.values()]
+        return sorted(states_, key=lambda s: (s.get("created_at") or 0, s.get("delivery_id") or ""))
 
     def mark_callback_sent(self, task_id: str) -> bool:
         """True the first time only: the task callback fires once even if two sessions race."""

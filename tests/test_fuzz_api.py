@@ -58,7 +58,7 @@ def test_api_answers_every_case_without_5xx(case, fuzz_api):
     resp = case.call_and_validate(base_url=fuzz_api.url, headers=AUTH, timeout=30,
                                   excluded_checks=[positive_data_acceptance, negative_data_rejection])
     count_case("api", resp.status_code)
-    if resp.status_code >= 400:
+    if resp.status_code >= 400 and resp.status_code not in (414, 431):  # gunicorn's own, before the app
         assert resp.headers["content-type"][0].startswith("application/problem+json"), resp.text[:300]
 
 

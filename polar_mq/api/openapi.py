@@ -24,7 +24,9 @@ def _problem(description: str) -> dict[str, Any]:
 
 _PATH_TASK = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _ERRORS = {"400": _problem("invalid request (body, query parameter); `field` names it"),
-           "401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable")}
+           "401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable"),
+           "414": {"description": "request line too long (answered by the HTTP server, before the API)"},
+           "431": {"description": "request headers too large (answered by the HTTP server)"}}
 
 SCHEMAS: dict[str, Any] = {
     "Problem": {
@@ -124,6 +126,13 @@ SCHEMAS: dict[str, Any] = {
             "terminal": {"type": "integer"}, "mean_reward": {"type": ["number", "null"]},
             "sessions": {"type": "array", "items": _ref("SessionSummary")},
             "request": {"allOf": [_ref("TaskRequest")], "description": "the TaskRequest as stored (GET /v1/tasks/<id>)"},
+            "callbacks": {"type": "array", "description": "callback deliveries (signed, X-Polar-Signature)",
+                          "items": {"type": "object", "properties": {
+                              "delivery_id": {"type": "string"}, "event": {"type": "string"},
+                              "session_id": {"type": ["string", "null"]}, "url": {"type": "string"},
+                              "state": {"enum": ["delivered", "retrying", "dead_letter"]},
+                              "attempts": {"type": "integer"}, "last_error": {"type": ["string", "null"]},
+                              "created_at": {"type": ["number", "null"]}, "updated_at": {"type": "number"}}}},
         },
     },
     "Trace": {

@@ -142,6 +142,7 @@ def task_status(task_id: str) -> Response:
     records = c.store.get_sessions(c.store.session_ids(task_id))
     body = views.task_status(task_id, stored, records, cancelled=c.store.is_cancelled(task_id))
     body["request"] = stored.get("spec")  # the TaskRequest as stored
+    body["callbacks"] = c.store.callbacks(task_id)  # signed deliveries: delivered | retrying | dead_letter
     return jsonify(body)
 
 

@@ -26,6 +26,7 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
+from .callbacks import message as callback_message
 from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .fencing import FencedStore
@@ -121,7 +122,6 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
     if takeover and rec.runtime and is_here(rec.runtime, ctx.node):
         runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
-from ..runtimes.local import refused_prepare
     sdir = session_dir(ctx, rec)
     handle = stamp(runtime.start(task.runtime, sdir, session_id), ctx.settings.node)
     store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
@@ -381,11 +381,11 @@ def session_summary(rec: SessionRecord) -> dict[str, Any]:
 def _callbacks(ctx: StageContext, task: TaskRequest, rec: SessionRecord, traj: Trajectory) -> None:
     if not task.callback_url:
         return
-    ctx.enqueue(CALLBACK_TASK, json.dumps({"url": task.callback_url, "payload": {
+    ctx.enqueue(CALLBACK_TASK, callback_message(task.callback_url, "session.finished", task.task_id, {
         "event": "session.finished", "task_id": task.task_id, **session_summary(rec),
-        "trajectory": traj.to_dict()}}))
+        "trajectory": traj.to_dict()}, rec.session_id))
     sessions = ctx.store.get_sessions(ctx.store.session_ids(task.task_id))
     if sessions and all(states.is_terminal(s.state) for s in sessions) and ctx.store.mark_callback_sent(task.task_id):
-        ctx.enqueue(CALLBACK_TASK, json.dumps({"url": task.callback_url, "payload": {
+        ctx.enqueue(CALLBACK_TASK, callback_message(task.callback_url, "task.finished", task.task_id, {
             "event": "task.finished", "task_id": task.task_id,
-            "sessions": [session_summary(s) for s in sessions]}}))
+            "sessions": [session_summary(s) for s in sessions]}))

@@ -6,13 +6,12 @@ import json
 import os
 import logging
 
-import requests
 from celery.signals import worker_process_init, worker_ready
 
 from ..pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import connect
-from . import stages
+from . import callbacks, stages
 from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_celery
 from .context import GatewayClient, StageContext
 from .janitor import start_janitor, start_node_beat
@@ -79,18 +78,23 @@ def postrun_task(self, session_id: str) -> str:
 
 @app.task(name=CALLBACK_TASK, bind=True, max_retries=None)
 def callback_task(self, message: str) -> str:
-    """POST a result to the trainer's callback URL, retrying with capped exponential backoff."""
+    """POST a signed result to the trainer's callback URL (tasks/callbacks.py), retrying with
+    capped exponential backoff; the delivery state is kept in the task's status, the last one
+    ``dead_letter`` when the retries are spent."""
     data = json.loads(message)
-    try:
-        resp = requests.post(data["url"], json=data["payload"], timeout=30)
-        if resp.status_code >= 300:
-            raise RuntimeError(f"callback answered {resp.status_code}")
-    except Exception as exc:
-        if self.request.retries >= settings.callback_retries:
-            log.error("callback to %s gave up after %d attempts: %s", data["url"], self.request.retries + 1, exc)
-            context().store.incr("callbacks_failed")
-            return "failed"
-        delay = min(60.0, settings.callback_backoff * 2 ** self.request.retries)
-        raise self.retry(exc=exc, countdown=delay)
-    context().store.incr("callbacks_delivered")
-    return "delivered"
+    store = context().store
+    attempts = self.request.retries + 1
+    error = callbacks.deliver(data, settings.callback_token)
+    if error is None:
+        callbacks.record(store, data, "delivered", attempts, None)
+        store.incr("callbacks_delivered")
+        return "delivered"
+    if self.request.retries >= settings.callback_retries:
+        log.error("callback %s to %s dead-lettered after %d attempts: %s", data.get("delivery_id"), data["url"],
+                  attempts, error)
+        callbacks.record(store, data, "dead_letter", attempts, error)
+        store.incr("callbacks_failed")
+        return "dead_letter"
+    callbacks.record(store, data, "retrying", attempts, error)
+    delay = min(60.0, settings.callback_backoff * 2 ** self.request.retries)
+    raise self.retry(countdown=delay)
