@@ -40,6 +40,7 @@ from polar_mq.model import Trajectory  # noqa: E402
 from polar_mq.pipeline_store import PipelineStore  # noqa: E402
 from polar_mq.store import connect  # noqa: E402
 from polar_mq.taskspec import parse_task  # noqa: E402
+from polar_mq.tokens import auth_headers  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
 
 REPLAY = ROOT / "tests" / "replays" / "claude_code" / "anthropic.json"
@@ -57,7 +58,7 @@ def spawn(args: list[str], url: str, log: Path, env: dict[str, str] | None = Non
 
 def real_trajectory(gateway: str) -> dict:
     """The recorded Claude Code session replayed through the gateway → one merged trajectory."""
-    sess = requests.post(f"{gateway}/sessions", json={}, timeout=10).json()
+    sess = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=10).json()
     key = sess["key"]
     for req in json.loads(REPLAY.read_text())["requests"]:
         if not req.get("generation"):
@@ -66,7 +67,7 @@ def real_trajectory(gateway: str) -> dict:
         body = json.dumps(req["body"]).replace("REPLAY_KEY", key)
         requests.post(gateway + req["path"].replace("REPLAY_KEY", key), data=body, headers=headers,
                       timeout=60).content
-    return requests.get(f"{gateway}/sessions/{sess['session_id']}/trajectory",
+    return requests.get(f"{gateway}/sessions/{sess['session_id']}/trajectory", headers=auth_headers(),
                         params={"builder": "prefix_merging"}, timeout=30).json()
 
 

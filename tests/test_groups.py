@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from conftest import stop
+from conftest import AUTH, stop
 from pipeline_support import make_pipeline
 from polar_mq.client import ApiError, Client
 from test_api import start_api
@@ -115,7 +115,7 @@ def test_oldest_finished_first_and_errors(client, pipeline, api):
     with pytest.raises(ApiError) as unfinished:
         client.ack_group("grp-running")
     assert unfinished.value.status == 409 and "not finished" in unfinished.value.detail
-    bad = requests.get(f"{api.url}/v1/groups/next", params={"limit": "x"}, timeout=10)
+    bad = requests.get(f"{api.url}/v1/groups/next", headers=AUTH, params={"limit": "x"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["field"] == "limit"
     client.cancel("grp-running")
 

@@ -397,7 +397,8 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     try:
         body = jsonsafe.loads(data)  # NaN, lone surrogates, >64-bit ints, deep nesting: 400, never 500
     except jsonsafe.BodyError as exc:
-        raise GatewayError("invalid_request", f"request body is not acceptable JSON: {exc}") from None
+        what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
+        raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
     if not isinstance(body, dict):
         raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
     return body

@@ -61,9 +61,9 @@ def test_admin_pause_and_resume_drive_real_vllm(vllm_gateway, vllm_url, redis_ur
                                    "max_tokens": 8, "temperature": 0})
 
     try:
-        requests.post(f"{base}/v1/admin/resume", json={"policy_version": 40}, timeout=60).raise_for_status()
+        requests.post(f"{base}/v1/admin/resume", headers=vllm_gateway.admin_headers, json={"policy_version": 40}, timeout=60).raise_for_status()
         chat("hello").raise_for_status()
-        paused = requests.post(f"{base}/v1/admin/pause", params={"wait": 30, "mode": "wait"}, timeout=120).json()
+        paused = requests.post(f"{base}/v1/admin/pause", headers=vllm_gateway.admin_headers, params={"wait": 30, "mode": "wait"}, timeout=120).json()
         assert paused["drained"] is True
         assert paused["upstreams"][vllm_url]["rl_api"] is True and paused["upstreams"][vllm_url]["is_paused"] is True
         assert requests.get(f"{vllm_url}/is_paused", timeout=10).json() == {"is_paused": True}
@@ -72,7 +72,7 @@ def test_admin_pause_and_resume_drive_real_vllm(vllm_gateway, vllm_url, redis_ur
         held.start()  # held at the gateway until resume (vLLM itself is paused too)
         time.sleep(1.0)
         assert "status" not in results
-        resumed = requests.post(f"{base}/v1/admin/resume", json={"policy_version": 41}, timeout=60).json()
+        resumed = requests.post(f"{base}/v1/admin/resume", headers=vllm_gateway.admin_headers, json={"policy_version": 41}, timeout=60).json()
         assert resumed["upstreams"][vllm_url] == {"rl_api": True, "weight_version": "41", "is_paused": False}
         assert requests.get(f"{vllm_url}/weight_info", timeout=10).json() == {"weight_version": "41"}
         held.join(120)
@@ -80,8 +80,8 @@ def test_admin_pause_and_resume_drive_real_vllm(vllm_gateway, vllm_url, redis_ur
         calls = vllm_gateway.calls(s["session_id"])
         assert [c["policy_version"] for c in calls] == [40, 41]
         assert calls[1]["held_ms"] >= 900 and calls[1]["completion_token_ids"]
-        status = requests.get(f"{base}/v1/admin/status", timeout=10).json()
+        status = requests.get(f"{base}/v1/admin/status", headers=vllm_gateway.admin_headers, timeout=10).json()
         assert status["upstreams"][vllm_url]["weight_version"] == "41" and status["policy_version"] == 41
     finally:
-        requests.post(f"{base}/v1/admin/resume", timeout=60)
+        requests.post(f"{base}/v1/admin/resume", headers=vllm_gateway.admin_headers, timeout=60)
         stop(api.proc)
