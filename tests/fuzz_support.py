@@ -1,6 +1,6 @@
 """Shared bounds for the fuzz suites, and a tally of the cases they ran.
 
-FUZZ_EXAMPLES (env POLAR_FUZZ_EXAMPLES, default 15) bounds hypothesis per test so CI stays within
+FUZZ_EXAMPLES (env POLAR_FUZZ_EXAMPLES, default 10) bounds hypothesis per test so CI stays within
 its time; raise it locally for a deeper run. Every case is counted; the totals are written to
 $POLAR_FUZZ_REPORT (when set) at the end of the run, for the closing notes.
 """
@@ -12,7 +12,7 @@ import json
 import os
 from collections import Counter
 
-FUZZ_EXAMPLES = int(os.environ.get("POLAR_FUZZ_EXAMPLES") or 15)
+FUZZ_EXAMPLES = int(os.environ.get("POLAR_FUZZ_EXAMPLES") or 10)
 CASES: Counter = Counter()
 
 
