@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.model_server.templates import QWEN3_STYLE, write_tokenizer_dir  # noqa: E402
 from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.tokens import auth_headers  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
 
 REPLAYS = ROOT / "tests" / "replays"
@@ -131,6 +132,7 @@ def main() -> int:
                                    f"http://127.0.0.1:{port}/health", logs / f"gw-{mode}.log"))
                 gateways[mode] = f"http://127.0.0.1:{port}"
         http = requests.Session()
+        http.headers.update(auth_headers())  # the gateways' admin token ($POLAR_HOME/token)
         fixtures = sorted(REPLAYS.glob("*/*.json"))
         times: dict[str, list[float]] = defaultdict(list)
         breaks: dict[tuple[str, str], int] = defaultdict(int)

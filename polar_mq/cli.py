@@ -144,7 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--served-model", help="model name sent upstream (default: ask /v1/models)")
     gw.add_argument("--public-url", help="base URL handed to harnesses (default http://HOST:PORT)")
     gw.add_argument("--workers", type=int, help="gunicorn worker processes")
-    gw.add_argument("--dev", action="store_true", help="werkzeug threaded server instead of gunicorn")
     gw.add_argument("--tito", choices=["auto", "on", "off"],
                     help="token-in continuation (default auto: on when --tokenizer is given and the "
                          "upstream takes token-id prompts; $POLAR_TITO)")

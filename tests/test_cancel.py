@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from conftest import GatewayHandle, start_gateway, start_model_server, stop
+from conftest import AUTH, GatewayHandle, start_gateway, start_model_server, stop
 
 TOKEN_MS = 25
 LONG = "polar:long tell me a long story"
@@ -86,7 +86,7 @@ def test_max_tokens_is_a_cap_a_smaller_request_keeps_its_limit(gw):
 
 
 def test_bad_policy_is_a_400_naming_the_field(gw):
-    resp = requests.post(f"{gw.url}/sessions", json={"sampling": {"top_p": 2}}, timeout=10)
+    resp = requests.post(f"{gw.url}/sessions", headers=AUTH, json={"sampling": {"top_p": 2}}, timeout=10)
     assert resp.status_code == 400 and "sampling.top_p" in resp.json()["detail"]
 
 
@@ -125,7 +125,7 @@ def test_session_cancel_aborts_a_plain_call_and_refuses_new_ones(gw):
     t = threading.Thread(target=call)
     t.start()
     time.sleep(0.6)
-    r = requests.post(f"{gw.url}/sessions/{s['session_id']}/cancel", timeout=10)
+    r = requests.post(f"{gw.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10)
     assert r.status_code == 200 and r.json()["cancelled"] is True
     t.join(30)
     aborted = wait_aborted(gw, before)
@@ -141,7 +141,7 @@ def test_session_cancel_aborts_a_plain_call_and_refuses_new_ones(gw):
         client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
     assert err.value.status_code == 403 and "no new generations" in err.value.message
     assert len(generations(gw)["recent"]) == n
-    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 0
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", headers=AUTH, timeout=10).json()["inflight_calls"] == 0
 
 
 def test_client_gone_during_a_plain_call_aborts_it(gw):
@@ -163,7 +163,7 @@ def test_inflight_calls_are_visible_until_recorded(gw):
         json={"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": LONG}]}))
     t.start()
     time.sleep(0.4)
-    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 1
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", headers=AUTH, timeout=10).json()["inflight_calls"] == 1
     t.join(30)
-    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", timeout=10).json()["inflight_calls"] == 0
+    assert requests.get(f"{gw.url}/sessions/{s['session_id']}", headers=AUTH, timeout=10).json()["inflight_calls"] == 0
     assert wait_record(gw, s["session_id"])[0]["status"] == "ok"

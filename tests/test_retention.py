@@ -15,7 +15,7 @@ import pytest
 import redis
 import requests
 
-from conftest import GatewayHandle, spawn, start_gateway, stop
+from conftest import AUTH, GatewayHandle, spawn, start_gateway, stop
 from pipeline_support import ROOT, TINY_AGENT, agent_task, make_pipeline
 from polar_mq import retention, states
 from polar_mq.embedded_redis import start_embedded
@@ -71,7 +71,7 @@ def test_export_gives_every_key_of_the_task_its_retention(env):
     assert before and all(t == -1 for t in before.values())  # nothing expires before the export
     gw_keys = [k for k in before if ":gw:" in k]
     assert any(":gw:chunks:" in k for k in gw_keys) and any(":gw:key:" in k for k in gw_keys)
-    assert requests.get(f"{api}/v1/tasks/{tid}/results", timeout=10).status_code == 200
+    assert requests.get(f"{api}/v1/tasks/{tid}/results", headers=AUTH, timeout=10).status_code == 200
     after = ttls(r, tid)
     assert set(after) == set(before) | {Keys().task_exported(tid)}
     assert all(4000 < t <= 5000 for t in after.values()), after
@@ -99,7 +99,7 @@ def test_gc_expires_unexported_finished_tasks_and_deletes_on_request(env):
     assert r.zscore(keys.task_index(), tid) is None
     gw_sid = recs[0].gateway_session_id
     assert not r.exists(keys.calls(gw_sid)) and not r.exists(keys.call_chunks(gw_sid))
-    assert requests.get(f"{api}/v1/tasks/{tid}", timeout=10).status_code == 404
+    assert requests.get(f"{api}/v1/tasks/{tid}", headers=AUTH, timeout=10).status_code == 404
 
 
 def test_unfinished_tasks_are_never_collected(env):
@@ -114,7 +114,7 @@ def test_unfinished_tasks_are_never_collected(env):
 
 def test_metrics_show_redis_memory(env):
     _, _, api, _ = env
-    text = requests.get(f"{api}/metrics", timeout=10).text
+    text = requests.get(f"{api}/metrics", headers=AUTH, timeout=10).text
     used = [line for line in text.splitlines() if line.startswith('polar_mq_redis_memory_bytes{kind="used"}')]
     assert used and int(used[0].split()[-1]) > 100_000
     assert 'polar_mq_redis_memory_bytes{kind="maxmemory"}' in text
@@ -124,7 +124,7 @@ def test_trainer_ack_starts_the_retention_too(env):
     p, gateway, api, r = env
     tid, _ = run_task(p, 1)
     assert all(t == -1 for t in ttls(r, tid).values())
-    resp = requests.post(f"{api}/v1/groups/{tid}/ack", json={}, timeout=10)
+    resp = requests.post(f"{api}/v1/groups/{tid}/ack", headers=AUTH, json={}, timeout=10)
     assert resp.status_code == 200, resp.text
     after = ttls(r, tid)
     assert any(":group:" in k for k in after) and all(4000 < t <= 5000 for t in after.values()), after

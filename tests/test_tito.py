@@ -15,6 +15,7 @@ import openai
 import pytest
 import requests
 
+from conftest import AUTH
 from polar_mq.model_server.tokenizer import load_tokenizer
 from tito_support import PROVIDERS, SESSIONS, WRITE_SCHEMA, qwen3_tokenizer_dir, start_qwen3_stack
 
@@ -32,7 +33,7 @@ def tito_gateway(log_dir, redis_url, model_server):
 
 
 def _trajectory(gw, sid: str) -> dict:
-    return requests.get(f"{gw.url}/sessions/{sid}/trajectory", params={"builder": "prefix_merging"},
+    return requests.get(f"{gw.url}/sessions/{sid}/trajectory", headers=AUTH, params={"builder": "prefix_merging"},
                         timeout=10).json()
 
 
@@ -176,13 +177,13 @@ def test_context_length_of_a_continued_prompt(log_dir, redis_url):
     gw = start_gateway(log_dir, redis_url, [ms.url], "--tito", "on", "--tokenizer",
                        load_tokenizer().path, name="gw-tito-small")
     try:
-        s = requests.post(f"{gw.url}/sessions", json={}, timeout=10).json()
+        s = requests.post(f"{gw.url}/sessions", headers=AUTH, json={}, timeout=10).json()
         msgs, call_id = _first_turn(s)
         long = msgs + [{"role": "tool", "tool_call_id": call_id, "content": "word " * 800}]
         with pytest.raises(openai.BadRequestError) as err:
             _chat(s, long)
         assert "context" in str(err.value).lower()
-        calls = requests.get(f"{gw.url}/sessions/{s['session_id']}/calls", timeout=10).json()["calls"]
+        calls = requests.get(f"{gw.url}/sessions/{s['session_id']}/calls", headers=AUTH, timeout=10).json()["calls"]
         assert calls[-1]["tito"] is True and calls[-1]["status"] == "error"
         assert "context_length" in calls[-1]["error"]
     finally:

@@ -65,6 +65,6 @@ def test_replay_with_tito(path: Path, tito_gateway) -> None:
     assert (last["tito"], last["tito_reason"], last["parent_call_id"]) == (True, "continued", prev["call_id"])
     head = prev["prompt_token_ids"] + prev["completion_token_ids"]
     assert last["prompt_token_ids"][:len(head)] == head
-    traj = requests.get(f"{tito_gateway.url}/sessions/{last['session_id']}/trajectory",
+    traj = requests.get(f"{tito_gateway.url}/sessions/{last['session_id']}/trajectory", headers=tito_gateway.admin_headers,
                         params={"builder": "prefix_merging"}, timeout=30).json()
     assert traj["stats"]["delivered_fraction"] == 1.0 and traj["stats"]["breaks"] == 0

@@ -66,7 +66,7 @@ def test_sandbox_reaches_only_its_own_session(stack):
     redis_hostport = urlsplit(st.redis_url).netloc
     task = {"instruction": "probe", "num_samples": 1, "timeout_seconds": 120,
             "agent": {"harness": "shell", "options": {"command": [sys.executable, str(PROBE)]}},
-            "runtime": {"env": {"PROBE_API": urlsplit(st.api_url).netloc, "PROBE_REDIS": redis_hostport,
+            "runtime": {"keep_workdir": True, "env": {"PROBE_API": urlsplit(st.api_url).netloc, "PROBE_REDIS": redis_hostport,
                                 "PROBE_FLOWER": urlsplit(st.flower_url).netloc, "PROBE_OTHER_KEY": other["key"],
                                 "PROBE_TOKEN_FILE": str(base / "home" / "token"),
                                 "PROBE_OTHER_DIR": str(other_dir)}}}

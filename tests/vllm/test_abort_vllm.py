@@ -67,7 +67,7 @@ def test_session_cancel_aborts_a_plain_vllm_call(vllm_gateway, vllm_url):
     t.start()
     time.sleep(1.5)
     assert metric(vllm_url, "vllm:num_requests_running") == 1
-    requests.post(f"{vllm_gateway.url}/sessions/{s['session_id']}/cancel", timeout=10).raise_for_status()
+    requests.post(f"{vllm_gateway.url}/sessions/{s['session_id']}/cancel", headers=vllm_gateway.admin_headers, timeout=10).raise_for_status()
     t.join(30)
     assert out["resp"].status_code == 403
     assert wait_idle(vllm_url, 6.0) < 6.0

@@ -36,7 +36,7 @@ def tito_gateways(log_dir, redis_url, vllm_qwen3):
 
 
 def _trajectory(gw, sid: str) -> dict:
-    return requests.get(f"{gw.url}/sessions/{sid}/trajectory", params={"builder": "prefix_merging"},
+    return requests.get(f"{gw.url}/sessions/{sid}/trajectory", headers=gw.admin_headers, params={"builder": "prefix_merging"},
                         timeout=30).json()
 
 
