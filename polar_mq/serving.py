@@ -12,7 +12,8 @@ from flask import Flask
 
 
 def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
-               workers: int | None = None, threads: int = 64, timeout: int = 120) -> None:
+               workers: int | None = None, threads: int = 64, timeout: int = 120,
+               on_child_exit: Callable[[int], None] | None = None) -> None:
     if dev:
         print(f"polar_mq {name} (dev server) on http://{host}:{port}", flush=True)
         factory().run(host=host, port=port, threaded=True, use_reloader=False)
@@ -34,6 +35,8 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
                 "accesslog": None,
                 "loglevel": "warning",
             }
+            if on_child_exit is not None:
+                self.options["child_exit"] = lambda server, worker: on_child_exit(worker.pid)
             super().__init__()
 
         def load_config(self) -> None:

@@ -8,7 +8,7 @@ from collections import Counter
 import redis
 from flask import Blueprint, Response, jsonify
 
-from .. import states
+from .. import histograms, states
 from ..tasks.celery_app import QUEUES
 from ..pause_state import PauseState
 from .context import ctx
@@ -89,6 +89,7 @@ def metrics() -> Response:
            [('{state="pending"}', groups["pending"]), ('{state="leased"}', groups["leased"])])
     metric("polar_mq_gateway_paused", "gauge", "1 when the gateway is paused",
            [("", 1 if c.redis.exists(c.keys.gateway_paused()) else 0)])
+    lines.extend(histograms.render_all(c.redis, c.keys))
     return Response("\n".join(lines) + "\n", mimetype="text/plain",
                     headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
