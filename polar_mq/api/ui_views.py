@@ -170,14 +170,13 @@ def trace_diff(index: int, traces: list[Trace], calls_by_id: dict[str, tuple[int
         return divergence(str(meta["break"]), ours, theirs, against_trace=meta.get("continues_trace"),
                           against_call_id=partner_call)
     if meta.get("parent_trace") is not None:
+        # Against the sibling branch (the parent trace goes on past the branch point), so the
+        # diff shows the two continuations, e.g. two different tool results.
         kind = meta.get("role") if meta.get("role") in ("retry", "fork") else "fork"
-        branch = meta.get("same_prompt_as_call_id") or meta.get("branch_call_id")
-        if branch in calls_by_id:
-            theirs = _sequence_of_call(calls_by_id[branch][1])
-        else:
-            parent = traces[int(meta["parent_trace"])]
-            theirs = list(parent.prompt_ids) + list(parent.response_ids)
-        return divergence(kind, ours, theirs, against_trace=meta.get("parent_trace"), against_call_id=branch)
+        parent = traces[int(meta["parent_trace"])]
+        theirs = list(parent.prompt_ids) + list(parent.response_ids)
+        return divergence(kind, ours, theirs, against_trace=meta.get("parent_trace"),
+                          against_call_id=meta.get("same_prompt_as_call_id") or meta.get("branch_call_id"))
     return None
 
 
