@@ -253,3 +253,69 @@ def test_group_page_shows_the_samples_side_by_side(stack, page):
     assert [cards.nth(i).get_attribute("data-session-id") for i in range(cards.count())] == stack.demo_sids
     assert "advantage" in cards.first.inner_text()
     page.screenshot(path=str(ARTIFACTS / "group.png"))
+
+
+# --- API metrics and polar-mq top -----------------------------------------------------------------
+def test_api_metrics_have_stage_duration_and_ready_occupancy_histograms(stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = stack.get("/metrics")
+    assert resp.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(resp.text)}
+    stage = families["polar_mq_stage_seconds"]
+    assert stage.type == "histogram"
+    by_stage: dict[str, dict[str, float]] = {}
+    for s in stage.samples:
+        entry = by_stage.setdefault(s.labels["stage"], {})
+        if s.name.endswith("_bucket"):
+            entry.setdefault("buckets", []).append(s.value)
+        else:
+            entry[s.name.rsplit("_", 1)[1]] = s.value
+    # Four sessions went REGISTERED → ... → EVALUATING → COMPLETED: each state left once.
+    for name in ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING"):
+        assert by_stage[name]["count"] == 4, (name, by_stage[name])
+        assert by_stage[name]["buckets"] == sorted(by_stage[name]["buckets"])
+        assert by_stage[name]["buckets"][-1] == 4  # +Inf
+    sessions = stack.pipeline.store.get_sessions(stack.demo_sids + [stack.branch_sid])
+    running = sum(r.timings["post_run_start"] - r.timings["running_start"] for r in sessions)
+    assert by_stage["RUNNING"]["sum"] == pytest.approx(running, abs=0.05)
+    ready = families["polar_mq_ready_occupancy"]
+    count = next(s.value for s in ready.samples if s.name.endswith("_count"))
+    assert count == 8  # each session handed in once and taken out once
+
+
+def test_top_under_a_pseudo_terminal(stack):
+    import pty
+    import select
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "polar_mq.cli", "top", "--api", stack.api, "--token", TOKEN,
+                             "--interval", "0.3", "--iterations", "3"], stdin=slave, stdout=slave, stderr=slave,
+                            env={**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm-256color"},
+                            close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 30)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = out.decode("utf-8", errors="replace")
+    assert "\x1b[" in text  # a live (redrawn) terminal view, not plain prints
+    assert text.count("stage pools") >= 3  # three refreshes
+    for word in ("init", "run", "postrun", "READY", "RUNNING", "COMPLETED"):
+        assert word in text
+    assert "0/2 slots held" in text  # READY capacity of this pipeline (POLAR_READY_CAPACITY=2)
