@@ -38,6 +38,11 @@ class Stack:
         return requests.get(f"{self.api}{path}", headers=AUTH, timeout=30, **kw)
 
 
+def _gateway_admin(gateway) -> dict[str, str]:
+    token = getattr(gateway, "token", None) or getattr(gateway, "admin_token", None)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _submit(api: str, body: dict) -> tuple[str, list[str]]:
     resp = requests.post(f"{api}/v1/tasks", json=body, headers=AUTH, timeout=30)
     assert resp.status_code == 202, resp.text
@@ -319,3 +324,27 @@ def test_top_under_a_pseudo_terminal(stack):
     for word in ("init", "run", "postrun", "READY", "RUNNING", "COMPLETED"):
         assert word in text
     assert "0/2 slots held" in text  # READY capacity of this pipeline (POLAR_READY_CAPACITY=2)
+
+
+def test_grafana_dashboard_queries_only_metrics_the_services_export(stack, gateway):
+    """Every polar_mq_* series a dashboard panel reads is one the API or the gateway exports (the
+    gateway's as declared: series with labels appear once something was observed)."""
+    import json
+    import re
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from polar_mq.proxy_app.metrics import GatewayMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    exported: set[str] = set()
+    declared = generate_latest(GatewayMetrics().registry).decode()
+    live = requests.get(f"{gateway.url}/metrics", headers=_gateway_admin(gateway), timeout=10).text
+    for text in (stack.get("/metrics").text, live, declared):
+        for family in text_string_to_metric_families(text):
+            exported.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    dash = json.loads((ROOT / "compose" / "grafana" / "dashboards" / "polar_mq.json").read_text())
+    queried = {name for p in dash["panels"] for t in p.get("targets", [])
+               for name in re.findall(r"polar_mq_[a-z0-9_]+", t["expr"])}
+    assert queried and queried <= exported, sorted(queried - exported)

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, request
 
+from ..model import PROVIDERS
+
 if TYPE_CHECKING:
     from ..model import CaptureRecord
     from .app import Gateway
@@ -87,6 +89,11 @@ class GatewayMetrics:
         self.tito_breaks = Counter("polar_mq_gateway_tito_breaks",
                                    "calls extending a recorded call that went upstream re-rendered",
                                    ["provider"], **reg)
+        for provider in PROVIDERS:  # zeros from the start: a rate over a series that exists
+            for counter in (self.prompt_tokens, self.completion_tokens, self.tito, self.tito_breaks):
+                counter.labels(provider)
+            for status in ("ok", "error"):
+                self.generations.labels(provider, status)
 
     def observe(self, record: "CaptureRecord") -> None:
         provider = record.provider
