@@ -249,6 +249,7 @@ def test_forks_and_chain_breaks_are_marked_with_a_prompt_diff(stack, page, gatew
     broken = page.locator("[data-diff-kind='template_change']")
     assert "Turn 2 of the session." in broken.locator("pre.ours").inner_text()
     page.screenshot(path=str(ARTIFACTS / "session-branches.png"), full_page=True)
+    page.locator("section.trace", has=fork).screenshot(path=str(ARTIFACTS / "token-view-fork.png"))
 
 
 def test_group_page_shows_the_samples_side_by_side(stack, page):
