@@ -101,8 +101,11 @@ def call_summary(index: int, call: dict[str, Any]) -> dict[str, Any]:
 
 def call_detail(index: int, call: dict[str, Any]) -> dict[str, Any]:
     """One call with the request as the harness sent it and as it went upstream."""
+    # Rebuilt from the record as the gateway sends it (messages, tools, sampling params, and the
+    # fields it always adds to get the ids and logprobs back).
     upstream: dict[str, Any] = {"model": call.get("model_served"), "messages": call.get("messages") or [],
-                                **(call.get("params") or {})}
+                                **(call.get("params") or {}), "stream": bool(call.get("stream")),
+                                "logprobs": True, "return_token_ids": True}
     if call.get("tools"):
         upstream["tools"] = call["tools"]
     if call.get("tito"):
@@ -133,8 +136,9 @@ def call_boundaries(trace: Trace, calls_by_id: dict[str, tuple[int, dict[str, An
         sampled = list(call.get("completion_token_ids") or [])
         if start < len(trace.prompt_ids) or start > len(full):
             continue
-        if sampled and full[start:start + len(sampled)] != sampled \
-                and full[start:start + len(sampled) - 1] != sampled[:-1]:  # end-of-turn cut or added
+        lined_up = full[start:start + len(sampled)] == sampled or (  # or its end-of-turn token cut
+            len(sampled) > 1 and full[start:start + len(sampled) - 1] == sampled[:-1])
+        if sampled and not lined_up:
             continue
         out.append({"position": start, "call_id": call_id, "call_index": index,
                     "provider": call.get("provider"), "finish_reason": call.get("finish_reason"),
