@@ -66,7 +66,10 @@ def stack(gateway, tmp_path_factory, log_dir):
         branch, branch_sids = _submit(url, agent_task(
             num_samples=1, instruction="Write hello into polar.txt",
             agent={"harness": "shell", "model": "policy",
-                   "options": {"command": [sys.executable, str(BRANCHING_AGENT)]}}))
+                   "options": {"command": [sys.executable, str(BRANCHING_AGENT)]}},
+            grader={"strategy": "test_runner", "config": {
+                "command": "printf 'PASSED tests/test_hello.py::test_file\\nFAILED tests/test_hello.py::test_disk\\n'",
+                "format": "lines", "reward": "fraction"}}))
         recs = p.wait(demo_sids + branch_sids, timeout=120)
         assert [r.state for r in recs] == [states.COMPLETED] * 4, [(r.state, r.error) for r in recs]
         yield Stack(url, p, demo, demo_sids, branch, branch_sids[0])
@@ -248,6 +251,12 @@ def test_forks_and_chain_breaks_are_marked_with_a_prompt_diff(stack, page, gatew
     assert sorted("wrote 16 bytes" in side for side in sides) == [False, True]
     broken = page.locator("[data-diff-kind='template_change']")
     assert "Turn 2 of the session." in broken.locator("pre.ours").inner_text()
+    # The grade with its per-test statuses.
+    assert traj["reward"] == 0.5
+    rows = page.locator("#tests tbody tr")
+    statuses = {rows.nth(i).locator("td").nth(0).inner_text(): rows.nth(i).locator("td").nth(1).inner_text()
+                for i in range(rows.count())}
+    assert statuses == {"tests/test_hello.py::test_file": "PASSED", "tests/test_hello.py::test_disk": "FAILED"}
     page.screenshot(path=str(ARTIFACTS / "session-branches.png"), full_page=True)
     page.locator("section.trace", has=fork).screenshot(path=str(ARTIFACTS / "token-view-fork.png"))
 
