@@ -280,8 +280,13 @@ async function sessionPage(sessionId) {
   setCrumbs(["tasks", "/ui/"], [s.task_id, `/ui/tasks/${encodeURIComponent(s.task_id)}`], [s.session_id]);
   const texts = tokens.texts || {};
   const tokenBox = el("div", { id: "traces" }, page.traces.map(tr => traceSection(tr, texts, page.calls)));
-  const mode = el("select", { id: "colour-mode", onchange: () => tokenBox.classList.toggle("heat", mode.value === "logprob") },
+  const mode = el("select", { id: "colour-mode", onchange: () => {
+      sessionStorage.setItem("polar-colour", mode.value);
+      tokenBox.classList.toggle("heat", mode.value === "logprob");
+    } },
     el("option", { value: "mask" }, "colour: loss mask"), el("option", { value: "logprob" }, "colour: logprob heat"));
+  mode.value = sessionStorage.getItem("polar-colour") || "mask";
+  tokenBox.classList.toggle("heat", mode.value === "logprob");
   const stats = traj ? traj.stats || {} : {};
   mount(
     el("h1", {}, "Session ", el("span", { class: "mono" }, s.session_id), " ", badge(s.state)),
@@ -315,6 +320,10 @@ async function sessionPage(sessionId) {
       el("span", {}, el("span", { class: "boundary" }, "▸ call n"), "where a call's sampled tokens begin"))),
     tokenBox);
   document.body.dataset.ready = "1";
+  // A running session: its calls and live trajectory grow; follow them (keeping the scroll).
+  if (!["COMPLETED", "ERROR", "TIMEOUT"].includes(s.state)) {
+    setTimeout(() => { const y = window.scrollY; sessionPage(sessionId).then(() => window.scrollTo(0, y)).catch(showError); }, 5000);
+  }
 }
 
 // --- group -----------------------------------------------------------------------------------------
