@@ -286,17 +286,26 @@ def test_api_metrics_have_stage_duration_and_ready_occupancy_histograms(stack):
             entry.setdefault("buckets", []).append(s.value)
         else:
             entry[s.name.rsplit("_", 1)[1]] = s.value
-    # Four sessions went REGISTERED → ... → EVALUATING → COMPLETED: each state left once.
-    for name in ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING"):
-        assert by_stage[name]["count"] == 4, (name, by_stage[name])
+    # What the histogram must hold, from every session's own history: each state left once, for
+    # as long as the history says; READY observed at each hand-in and each take-out.
+    store = stack.pipeline.store
+    records = store.get_sessions(sid for task in store.list_tasks(1000) for sid in store.session_ids(task))
+    expected: dict[str, list[float]] = {}
+    ready_events = 0
+    for rec in records:
+        for (state, t0, _), (nxt, t1, _) in zip(rec.history, rec.history[1:]):
+            if nxt != state:
+                expected.setdefault(state, []).append(t1 - t0)
+            ready_events += (nxt == "READY" and state != "READY") + (state == "READY" and nxt == "RUNNING")
+    assert expected["RUNNING"] and set(expected) <= set(by_stage)
+    for name, seconds in expected.items():
+        assert by_stage[name]["count"] == len(seconds), (name, by_stage[name])
+        assert by_stage[name]["sum"] == pytest.approx(sum(seconds), abs=0.05)
         assert by_stage[name]["buckets"] == sorted(by_stage[name]["buckets"])
-        assert by_stage[name]["buckets"][-1] == 4  # +Inf
-    sessions = stack.pipeline.store.get_sessions(stack.demo_sids + [stack.branch_sid])
-    running = sum(r.timings["post_run_start"] - r.timings["running_start"] for r in sessions)
-    assert by_stage["RUNNING"]["sum"] == pytest.approx(running, abs=0.05)
+        assert by_stage[name]["buckets"][-1] == len(seconds)  # +Inf
     ready = families["polar_mq_ready_occupancy"]
     count = next(s.value for s in ready.samples if s.name.endswith("_count"))
-    assert count == 8  # each session handed in once and taken out once
+    assert count == ready_events > 0
 
 
 def test_top_under_a_pseudo_terminal(stack):
@@ -358,3 +367,22 @@ def test_grafana_dashboard_queries_only_metrics_the_services_export(stack, gatew
     queried = {name for p in dash["panels"] for t in p.get("targets", [])
                for name in re.findall(r"polar_mq_[a-z0-9_]+", t["expr"])}
     assert queried and queried <= exported, sorted(queried - exported)
+
+
+def test_a_running_session_shows_a_live_trajectory(stack):
+    import time
+
+    _, sids = _submit(stack.api, agent_task(num_samples=1, instruction="Write hello into polar.txt polar:sleep=2"))
+    deadline = time.time() + 60
+    live = None
+    while time.time() < deadline and live is None:
+        page = stack.get(f"/ui/api/sessions/{sids[0]}").json()
+        if page["session"]["state"] == states.RUNNING and page["calls"]:
+            live = page
+        time.sleep(0.2)
+    assert live is not None, "never saw the session running with a recorded call"
+    assert live["trajectory"]["source"] == "live" and live["traces"]
+    assert live["traces"][0]["call_ids"] == [c["call_id"] for c in live["calls"]][:len(live["traces"][0]["call_ids"])]
+    stack.pipeline.wait(sids, timeout=60)
+    done = stack.get(f"/ui/api/sessions/{sids[0]}").json()
+    assert done["trajectory"]["source"] == "result" and len(done["calls"]) > len(live["calls"])
