@@ -1,4 +1,4 @@
-"""The viewer's pure views: GRPO advantages, call boundaries inside a merged trace, divergences."""
+"""The viewer's pure views: group advantages, call boundaries inside a merged trace, divergences."""
 
 from __future__ import annotations
 
@@ -6,18 +6,25 @@ import math
 
 import pytest
 
-from polar_mq.api.ui_views import advantages, call_boundaries, divergence, timeline
+from polar_mq.api.ui_views import call_boundaries, divergence, group_view, timeline
 from polar_mq.model import SessionRecord, Trace
 
 
-def test_advantages_centre_and_normalise_over_known_rewards():
-    centred, normed, mean, std = advantages([1.0, 0.0, None, 1.0])
-    assert mean == pytest.approx(2 / 3) and std == pytest.approx(math.sqrt(2 / 9))
-    assert centred[2] is None and normed[2] is None
-    assert centred[0] == pytest.approx(1 / 3) and centred[1] == pytest.approx(-2 / 3)
-    assert normed[0] == pytest.approx((1 / 3) / math.sqrt(2 / 9))
-    assert advantages([0.5, 0.5])[1] == [0.0, 0.0]  # equal rewards: no signal, not a division by 0
-    assert advantages([None]) == ([None], [None], None, None)
+def test_group_view_uses_the_trainers_advantages():
+    from polar_mq.advantages import group_advantages
+
+    records = [SessionRecord(session_id=f"s{i}", task_id="t", index=i, state=st, reward=r)
+               for i, (st, r) in enumerate([("COMPLETED", 1.0), ("COMPLETED", 0.0), ("ERROR", None), ("COMPLETED", 1.0)])]
+    view = group_view("t", {"spec": {"instruction": "x"}}, records, {})
+    rewards = [1.0, 0.0, None, 1.0]
+    assert [s["advantage"] for s in view["samples"]] == group_advantages(rewards, scale=False)
+    assert [s["advantage_normalised"] for s in view["samples"]] == group_advantages(rewards)
+    assert [s["advantage_leave_one_out"] for s in view["samples"]] == group_advantages(rewards, "leave_one_out")
+    assert view["samples"][2]["advantage"] is None
+    assert view["mean_reward"] == pytest.approx(2 / 3) and view["reward_std"] == pytest.approx(math.sqrt(1 / 3))
+    assert view["unusable"] is None
+    same = group_view("t", {"spec": {}}, [records[0], records[3]], {})
+    assert same["unusable"] == "uniform_reward"
 
 
 def test_call_boundaries_line_calls_up_with_the_trace():

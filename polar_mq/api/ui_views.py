@@ -2,7 +2,7 @@
 
 The browser renders these; the interesting work happens here: where each call's sampled tokens
 start inside a merged trace, what two prompts look like where a chain broke or forked, GRPO
-advantages of a group, a session's stage timeline.
+advantages of a group (the trainer's own, polar_mq.advantages), a session's stage timeline.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from .. import states
+from ..advantages import group_advantages, unusable_reason
 from ..model import SessionRecord, Trace, Trajectory
 from . import views
 
@@ -234,17 +235,15 @@ def session_view(rec: SessionRecord, spec: dict[str, Any] | None, traj: Trajecto
 
 
 # --- groups ---------------------------------------------------------------------------------------
-def advantages(rewards: list[float | None]) -> tuple[list[float | None], list[float | None], float | None, float | None]:
-    """GRPO advantages of one group: r - mean, and (r - mean) / std (population std; 0 when all
-    rewards agree). Sessions without a reward get none and do not count in the statistics."""
-    known = [r for r in rewards if r is not None]
+def reward_stats(rewards: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and (Bessel) std of the known rewards, as the advantages use them."""
+    known = [float(r) for r in rewards if r is not None]
     if not known:
-        return [None] * len(rewards), [None] * len(rewards), None, None
+        return None, None
     mean = sum(known) / len(known)
-    std = math.sqrt(sum((r - mean) ** 2 for r in known) / len(known))
-    centred = [None if r is None else r - mean for r in rewards]
-    normed = [None if c is None else (c / std if std > 1e-12 else 0.0) for c in centred]
-    return centred, normed, mean, std
+    if len(known) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in known) / (len(known) - 1))
 
 
 def _last_assistant_text(traj: Trajectory | None) -> str:
@@ -273,15 +272,19 @@ def group_view(task_id: str, stored: dict[str, Any], records: list[SessionRecord
     spec = stored.get("spec") or {}
     rewards = [r.reward if r.reward is not None else (trajs[r.session_id].reward if r.session_id in trajs else None)
                for r in records]
-    centred, normed, mean, std = advantages(rewards)
+    # The trainer's own advantages (polar_mq.advantages): what a GRPO / RLOO step would use.
+    centred = group_advantages(rewards, "mean_std", scale=False)
+    normed = group_advantages(rewards, "mean_std")
+    loo = group_advantages(rewards, "leave_one_out")
+    mean, std = reward_stats(rewards)
     samples = []
-    for rec, reward, adv, nadv in zip(records, rewards, centred, normed):
+    for rec, reward, adv, nadv, ladv in zip(records, rewards, centred, normed, loo):
         traj = trajs.get(rec.session_id)
         grade = (traj.metadata or {}).get("grade") if traj else None
         tests = (grade or {}).get("tests") or {}
         samples.append({
             "session_id": rec.session_id, "index": rec.index, "state": rec.state, "reward": reward,
-            "advantage": adv, "advantage_normalised": nadv, "error": rec.error,
+            "advantage": adv, "advantage_normalised": nadv, "advantage_leave_one_out": ladv, "error": rec.error,
             "stats": traj.stats if traj else {}, "final_text": _last_assistant_text(traj),
             "tests_passed": sum(1 for s in tests.values() if str(s).upper() == "PASSED"),
             "tests_total": len(tests), "grade_status": (grade or {}).get("status"),
@@ -289,4 +292,5 @@ def group_view(task_id: str, stored: dict[str, Any], records: list[SessionRecord
         })
     return {"task_id": task_id, "instruction": (spec.get("instruction") or "")[:TEXT_PREVIEW],
             "policy_version": policy_version(spec.get("metadata")), "mean_reward": mean, "reward_std": std,
+            "unusable": unusable_reason([r.state for r in records], rewards, drop_uniform_reward=True),
             "state": views.overall_state(records), "samples": samples}
