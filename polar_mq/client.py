@@ -185,6 +185,10 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")
 
+    def overview(self) -> dict[str, Any]:
+        """Stage pools, queues, READY occupancy, sessions by state (what `polar-mq top` shows)."""
+        return self._request("GET", "/ui/api/overview")
+
     def wait(self, task_id: str, timeout: float | None = None, poll: float = 1.0,
              on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Poll until every session is terminal; returns the final status. `on_update(status)` is

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import redis
 
-from . import states
+from . import histograms, states
 from .group_queue import GroupQueue
 from .model import SessionRecord, Trajectory
 from .store import Keys, pack, unpack
@@ -156,6 +156,7 @@ class PipelineStore:
                         pipe.unwatch()
                         return None
                     now = time.time()
+                    left: tuple[str, float] | None = None  # (state, seconds in it) for the histogram
                     if new_state is not None:
                         if not states.can_move(rec.state, new_state):
                             pipe.unwatch()
@@ -163,6 +164,8 @@ class PipelineStore:
                         if new_state != rec.state:
                             rec.timings.setdefault(f"{new_state.lower()}_start", now)
                             rec.timings[f"{rec.state.lower()}_end"] = now
+                            started = rec.history[-1][1] if rec.history else rec.created_at
+                            left = (rec.state, max(0.0, now - float(started)))
                         rec.state = new_state
                         rec.history.append([new_state, now, node])
                     for name, value in fields.items():
@@ -171,6 +174,8 @@ class PipelineStore:
                     rec.updated_at = now
                     pipe.multi()
                     pipe.set(key, pack(rec.to_dict()))
+                    if left is not None:
+                        histograms.observe(pipe, self.keys, histograms.STAGE_SECONDS, left[1], left[0])
                     if new_state is not None and states.is_terminal(new_state):
                         pipe.srem(self.keys.active_sessions(), session_id)
                         pipe.srem(self.keys.ready_slots(), session_id)
@@ -261,7 +266,8 @@ class PipelineStore:
         with self.r.pipeline() as pipe:
             pipe.lrem(self.keys.ready(), 0, session_id)
             pipe.lpush(self.keys.ready(), session_id)
-            pipe.execute()
+            occupancy = pipe.execute()[1]
+        histograms.observe(self.r, self.keys, histograms.READY_OCCUPANCY, occupancy)
 
     def take_ready(self, session_id: str) -> None:
         """A run worker took the session: out of READY, its slot freed, a waiting init woken."""
@@ -270,7 +276,9 @@ class PipelineStore:
             pipe.srem(self.keys.ready_slots(), session_id)
             pipe.lpush(self.keys.ready_wakeup(), 1)
             pipe.ltrim(self.keys.ready_wakeup(), 0, 63)
-            pipe.execute()
+            pipe.llen(self.keys.ready())
+            occupancy = pipe.execute()[-1]
+        histograms.observe(self.r, self.keys, histograms.READY_OCCUPANCY, occupancy)
 
     def wait_for_slot(self, timeout: float) -> None:
         """Block until a slot may have been freed (or timeout): no busy polling while full."""

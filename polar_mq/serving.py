@@ -12,7 +12,8 @@ from flask import Flask
 
 
 def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
-               workers: int | None = None, threads: int = 64, timeout: int = 120) -> None:
+               workers: int | None = None, threads: int = 64, timeout: int = 120,
+               on_child_exit: Callable[[int], None] | None = None) -> None:
     if dev:
         import logging
 
@@ -39,6 +40,8 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
                 "accesslog": None,
                 "loglevel": "warning",
             }
+            if on_child_exit is not None:
+                self.options["child_exit"] = lambda server, worker: on_child_exit(worker.pid)
             super().__init__()
 
         def load_config(self) -> None:

@@ -58,6 +58,10 @@ class Keys:
     def gateway_paused(self) -> str:
         return f"{self.prefix}:gw:paused"
 
+    def token_text(self, model: str) -> str:
+        """Hash: token id → its text for one served model (viewers show every recorded id)."""
+        return f"{self.prefix}:gw:toktext:{model}"
+
     # --- rollout pipeline -----------------------------------------------------------------------
     def task(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -160,6 +164,10 @@ class Keys:
     def upstream_weights(self) -> str:
         """Hash upstream URL → JSON of what its RL API last reported (weight version, paused)."""
         return f"{self.prefix}:gw:upstream_weights"
+
+    def histogram(self, name: str) -> str:
+        """Hash of one Prometheus histogram observed by many processes (histograms.py)."""
+        return f"{self.prefix}:hist:{name}"
 
 
 def pack(obj: Any) -> bytes:

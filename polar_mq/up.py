@@ -121,7 +121,8 @@ class Stack:
             self.embedded.stop()  # type: ignore[attr-defined]
 
     def describe(self) -> str:
-        return (f"  API      {self.api_url}\n  gateway  {self.gateway_url}\n"
+        return (f"  API      {self.api_url}\n  viewer   {self.api_url}/ui/  (sign in: ?token=<API token>)\n"
+                f"  gateway  {self.gateway_url}\n"
                 f"  upstream {', '.join(self.upstreams)}\n"
                 f"  redis    {self.redis_url}{' (embedded)' if self.embedded else ''}\n"
                 + (f"  flower   {self.flower_url} (user polar, password: the token)\n" if self.flower_url else "")

@@ -6,14 +6,14 @@ import logging
 from typing import Any
 
 import redis
-from flask import Flask, Response
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from ..pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import StoreUnavailable, connect
 from ..taskspec import ValidationError
-from . import admin, groups, ops, routes
+from . import admin, groups, ops, routes, ui, ui_auth
 from .auth import check_bearer
 from .context import EXTENSION, ApiContext
 from .problems import Problem, unavailable, validation
@@ -41,13 +41,17 @@ def create_app(settings: PipelineSettings, *, redis_client: redis.Redis | None =
                                            _celery=celery)
 
     @app.before_request
-    def _auth() -> None:
+    def _auth() -> Response | None:
+        if request.path == ui_auth.PREFIX or request.path.startswith(ui_auth.PREFIX + "/"):
+            return ui_auth.authorise(settings.api_token)  # the viewer: bearer, ?token= or its cookie
         check_bearer(settings.api_token)
+        return None
 
     app.register_blueprint(routes.bp)
     app.register_blueprint(admin.bp)
     app.register_blueprint(groups.bp)
     app.register_blueprint(ops.bp)
+    ui.register(app)
 
     @app.errorhandler(Problem)
     def _problem(exc: Problem) -> Response:

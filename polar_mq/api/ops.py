@@ -8,7 +8,7 @@ from collections import Counter
 import redis
 from flask import Blueprint, Response, jsonify
 
-from .. import retention, states
+from .. import histograms, retention, states
 from ..tasks.celery_app import QUEUES
 from ..pause_state import PauseState
 from .context import ctx
@@ -93,6 +93,7 @@ def metrics() -> Response:
     metric("polar_mq_redis_memory_bytes", "gauge", "Redis memory (INFO memory): used, rss, peak, dataset, maxmemory",
            [(f'{{kind="{k.removeprefix("used_memory_") if k != "used_memory" else "used"}"}}', v)
             for k, v in mem.items()])
+    lines.extend(histograms.render_all(c.redis, c.keys))
     return Response("\n".join(lines) + "\n", mimetype="text/plain",
                     headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -498,8 +498,10 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
     add("/v1/models", "models", list_models, methods=("GET",))
     add("/v1beta/models", "gemini_models", list_gemini_models, methods=("GET",))
 
-    from . import sessions_api
+    from . import metrics, sessions_api, token_text
     sessions_api.register(app, gw)
+    token_text.register(app, gw)
+    metrics.install(app, gw)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

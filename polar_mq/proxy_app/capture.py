@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -79,12 +79,18 @@ class Recorder:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self._lock = threading.Lock()
+        self.observers: list[Callable[[CaptureRecord], None]] = []  # live metrics (metrics.py)
 
     def save(self, record: CaptureRecord) -> None:
         """Store the record; on Redis failure spool it and raise GatewayError(store_unavailable).
         A record that cannot be encoded as it is (a value the edge checks let through) is stored
         sanitized (jsonsafe.sanitize, noted in the record) and the caller gets an error: it never
         vanishes and never leaves a client waiting."""
+        for observe in self.observers:
+            try:
+                observe(record)
+            except Exception:  # metrics must never cost a record
+                log.exception("record observer failed")
         try:
             self.store.append_call(record)
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it

@@ -37,6 +37,7 @@ class PauseGate:
         self.gateway_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.observers: list[Callable[[int], None]] = []  # in-flight changes, for live metrics (metrics.py)
 
     def admit(self, record: CaptureRecord) -> bool:
         """Wait until generation may start; stamps `policy_version` and `held_ms`. Returns whether
@@ -57,6 +58,8 @@ class PauseGate:
                 if held >= HOLD_POLL:
                     record.held_ms = round(held * 1000, 1)
                     record.notes.append(f"held {held:.1f} s by a weight-sync pause")
+                for observe in self.observers:
+                    observe(1)
                 return True
             if held >= self.max_hold:
                 record.held_ms = round(held * 1000, 1)
@@ -67,6 +70,8 @@ class PauseGate:
     def release(self, counted: bool) -> None:
         if not counted:
             return
+        for observe in self.observers:
+            observe(-1)
         try:
             self.state.end(self.gateway_id)
         except Exception as exc:

@@ -410,6 +410,7 @@ class UpstreamPool:
         self.http.mount("https://", adapter)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.on_retry: Callable[[str, GatewayError], None] | None = None  # live metrics (metrics.py)
 
     # --- choosing -------------------------------------------------------------------------------
     def ranked(self, affinity_key: str) -> list[Upstream]:
@@ -431,6 +432,8 @@ class UpstreamPool:
             try:
                 return attempt(order[n % len(order)])
             except _Retry as retry:
+                if self.on_retry is not None and n < self.retries:
+                    self.on_retry(order[n % len(order)].root, retry.error)
                 last = retry.error
                 answered = retry.error if retry.answered else answered
         assert last is not None

@@ -1,0 +1,155 @@
+"""Live gateway metrics in Prometheus text at `GET /metrics` (prometheus_client).
+
+What a researcher watches while a run goes: per-provider call latency, tokens per second (the
+rate of the token counters, and each call's decode speed as a histogram), generations in flight,
+upstream errors and retries, and how often a call continued a recorded one as token ids (TITO).
+
+Every stored CaptureRecord passes `observe` (the Recorder calls its observers after saving), the
+upstream pool reports retries through `on_retry`, the pause gate the calls it admits and releases
+(in flight). gunicorn runs
+several worker processes: `prepare_multiprocess` (called before the workers fork) points
+prometheus_client at a fresh directory so that a scrape of any worker sums all of them.
+
+TITO fields come from another part of the gateway and are read with getattr, so these metrics
+work on records with and without them: `tito` true counts a continuation; a record that extends
+a recorded call (`parent_call_id` set) but went upstream re-rendered (`tito` false) counts a break
+(the token prefix of the conversation was not carried over).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, request
+
+from ..model import PROVIDERS
+
+if TYPE_CHECKING:
+    from ..model import CaptureRecord
+    from .app import Gateway
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 600)
+SPEED_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def prepare_multiprocess(directory: str | None = None) -> str:
+    """Before gunicorn forks: a fresh metrics directory shared by the worker processes (stale
+    files of an earlier run would be summed in), removed when the master exits."""
+    path = directory or tempfile.mkdtemp(prefix="polar-gw-metrics-")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+    atexit.register(shutil.rmtree, path, True)
+    os.environ[MULTIPROC_ENV] = path
+    return path
+
+
+def worker_exited(pid: int) -> None:
+    """gunicorn child_exit: drop a dead worker's live gauges (its in-flight count)."""
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        # A private registry (a second app in one process must not clash in the global one). With
+        # several processes the values go to files and a scrape collects the directory instead.
+        self.registry = CollectorRegistry()
+        reg = {"registry": self.registry}
+        self.latency = Histogram("polar_mq_gateway_call_seconds", "model call latency at the gateway",
+                                 ["provider", "stream", "status"], buckets=LATENCY_BUCKETS, **reg)
+        self.speed = Histogram("polar_mq_gateway_decode_tokens_per_second",
+                               "sampled tokens per second of one call", ["provider"], buckets=SPEED_BUCKETS,
+                               **reg)
+        self.generations = Counter("polar_mq_gateway_generations", "recorded model calls",
+                                   ["provider", "status"], **reg)
+        self.prompt_tokens = Counter("polar_mq_gateway_prompt_tokens", "prompt tokens of recorded calls",
+                                     ["provider"], **reg)
+        self.completion_tokens = Counter("polar_mq_gateway_completion_tokens",
+                                         "sampled tokens of recorded calls (rate() = tokens/s)",
+                                         ["provider"], **reg)
+        self.errors = Counter("polar_mq_gateway_upstream_errors", "calls that ended in an error, by kind",
+                              ["provider", "kind"], **reg)
+        self.retries = Counter("polar_mq_gateway_upstream_retries", "upstream attempts retried",
+                               ["upstream", "kind"], **reg)
+        self.inflight = Gauge("polar_mq_gateway_inflight_generations", "generations in flight in this gateway",
+                              multiprocess_mode="livesum", **reg)
+        self.tito = Counter("polar_mq_gateway_tito_continuations",
+                            "calls sent upstream as token ids continuing a recorded call", ["provider"], **reg)
+        self.tito_breaks = Counter("polar_mq_gateway_tito_breaks",
+                                   "calls extending a recorded call that went upstream re-rendered",
+                                   ["provider"], **reg)
+        for provider in PROVIDERS:  # zeros from the start: a rate over a series that exists
+            for counter in (self.prompt_tokens, self.completion_tokens, self.tito, self.tito_breaks):
+                counter.labels(provider)
+            for status in ("ok", "error"):
+                self.generations.labels(provider, status)
+
+    def observe(self, record: "CaptureRecord") -> None:
+        provider = record.provider
+        seconds = max(0.0, float(record.latency_ms or 0.0) / 1000.0)
+        status = record.status or "ok"
+        self.latency.labels(provider, "true" if record.stream else "false", status).observe(seconds)
+        self.generations.labels(provider, status).inc()
+        prompt = len(record.prompt_token_ids or [])
+        sampled = len(record.completion_token_ids or [])
+        self.prompt_tokens.labels(provider).inc(prompt)
+        self.completion_tokens.labels(provider).inc(sampled)
+        if sampled and seconds > 0:
+            self.speed.labels(provider).observe(sampled / seconds)
+        if status == "error":
+            kind = (record.error or "unknown").split(":", 1)[0].strip() or "unknown"
+            self.errors.labels(provider, kind).inc()
+        tito = getattr(record, "tito", None)
+        if tito:
+            self.tito.labels(provider).inc()
+        elif tito is not None and getattr(record, "parent_call_id", None):
+            self.tito_breaks.labels(provider).inc()
+
+    def on_retry(self, upstream: str, error: Any) -> None:
+        self.retries.labels(upstream, getattr(error, "kind", "error")).inc()
+
+    def on_inflight(self, delta: int) -> None:
+        self.inflight.inc(delta)
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def install(app: Flask, gw: "Gateway") -> GatewayMetrics:
+    """Hook the metrics into the gateway's recorder, upstream pool and in-flight count; serve them."""
+    metrics = GatewayMetrics()
+    gw.recorder.observers.append(metrics.observe)
+    gw.pool.on_retry = metrics.on_retry
+    gw.pause.observers.append(metrics.on_inflight)
+    app.extensions["polar_gateway_metrics"] = metrics
+
+    @app.get("/metrics")
+    def gateway_metrics() -> Response:
+        token = gw.settings.admin_token
+        auth = request.headers.get("Authorization", "")
+        if token and not (auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip(), token)):
+            resp = Response('{"type":"about:blank","title":"Unauthorized","status":401,'
+                            '"detail":"a valid bearer token is required"}', status=401,
+                            content_type="application/problem+json")
+            return resp
+        body, content_type = metrics.exposition()
+        return Response(body, status=200, content_type=content_type)
+
+    return metrics
