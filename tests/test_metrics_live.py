@@ -23,7 +23,7 @@ def _admin(gateway) -> dict[str, str]:
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple], float]:
     """Every sample of /metrics as {(name, sorted labels): value}, via the official parser."""
-    resp = requests.get(f"{url}/metrics", headers=headers or {}, timeout=10)
+    resp = requests.get(f"{url}/metrics", headers=AUTH if headers is None else headers, timeout=10)
     assert resp.status_code == 200, resp.text
     assert resp.headers["Content-Type"].startswith("text/plain")
     out = {}
@@ -99,10 +99,10 @@ def two_worker_gateway(log_dir, redis_url, model_server):
 
 def test_metrics_sum_over_gunicorn_workers_and_count_retries_and_errors(two_worker_gateway):
     url = two_worker_gateway
-    base = requests.post(f"{url}/sessions", json={}, timeout=10).json()
+    base = requests.post(f"{url}/sessions", json={}, headers=AUTH, timeout=10).json()
     for i in range(6):  # spread over both worker processes
         chat(base, f"call {i} polar:notool")
-    failing = requests.post(f"{url}/sessions", json={}, timeout=10).json()
+    failing = requests.post(f"{url}/sessions", json={}, headers=AUTH, timeout=10).json()
     with pytest.raises(openai.APIStatusError):
         chat(failing, "break polar:fail=500")
     scrapes = [scrape(url) for _ in range(6)]  # whichever worker answers, the totals are the same
