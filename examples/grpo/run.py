@@ -1,0 +1,203 @@
+"""The GRPO example, end to end: real vLLM, polar_mq's pipeline, a CPU trainer, in-place weight sync.
+
+    python -m examples.grpo.run [--steps 10] [--prompts 4] [--group-size 8] [--seed 0] [--out DIR]
+
+Each step:
+1. rollout — this step's dataset rows (``task.rows``: new prompts each step) become tasks through
+   ``polar_mq.datasets`` (what ``polar-mq submit --dataset`` does) with ``num_samples`` = group size
+   and ``metadata.policy_version`` = the weights now in vLLM; the shell harness runs the openai-SDK
+   agent (``agent.py``) against the gateway at temperature 1; prefix_merging builds one trace per
+   session (tool results masked out); the test_runner grader (``grader.py``) scores it;
+   the finished groups come from ``Client.groups()`` (the groups API, lease + ack);
+2. train — ``trainer.PolicyTrainer``: clipped-ratio policy gradient on the loss-mask-1 tokens
+   with the recorded vLLM logprobs as behaviour policy and GRPO's group-relative advantages;
+3. sync — the new weights go into the running vLLM in place (``vllm_policy.sync``): polar_mq
+   pause, reload, resume with ``policy_version`` + 1, so the next groups carry it; then the
+   groups are acked.
+
+Writes ``metrics.jsonl``, ``metrics.md`` (the table) and ``reward.png`` into ``--out``; the last line
+printed is ``rl-demo: mean reward A -> B over N steps (seed S)`` (A: first step, B: mean of the
+last two steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.grpo import task  # noqa: E402
+from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: E402
+
+AGENT = Path(__file__).resolve().with_name("agent.py")
+
+
+def log(msg: str) -> None:
+    print(f"[rl-demo] {msg}", file=sys.stderr, flush=True)
+
+
+def template(timeout: int = 180) -> dict:
+    """The TaskRequest every dataset row is merged into."""
+    return {
+        "timeout_seconds": timeout,
+        "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
+        "runtime": {"backend": "local"},
+        "builder": {"strategy": "prefix_merging"},
+        "grader": {"strategy": "examples.grpo.grader:CursorGrader", "config": {"timeout_seconds": 60}},
+    }
+
+
+def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll: float, t_train: float,
+                 t_save: float, wall: float) -> dict:
+    sessions = [s for g in groups for s in g.sessions]
+    rewards = [t.reward for g in groups for t in g.trajectories if t.reward is not None and t.status != "ERROR"]
+    passed = [t for g in groups for t in g.trajectories if t.reward is not None and t.reward >= 1.0]
+    stale = [version - g.policy_version for g in groups if g.policy_version is not None]
+    return {
+        "step": step, "policy_version": version, "groups": len(groups), "sessions": len(sessions),
+        "errors": sum(1 for s in sessions if s.state == "ERROR"),
+        "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else 0.0,
+        "pass_rate": round(len(passed) / len(sessions), 4) if sessions else 0.0,
+        "groups_trained": sum(1 for b in batches if b.samples),
+        "tokens_trained": stats.tokens_trained, "samples": stats.samples,
+        "staleness_mean": round(sum(stale) / len(stale), 3) if stale else None,
+        "staleness_max": max(stale) if stale else None,
+        "ratio_mean": round(stats.ratio_mean, 4), "ratio_max": round(stats.ratio_max, 4),
+        "clip_fraction": round(stats.clip_fraction, 4), "behaviour_gap": round(stats.behaviour_gap, 6),
+        "rollout_s": round(t_roll, 2), "train_s": round(t_train, 2), "save_s": round(t_save, 3),
+        "sync_s": round(timing.pause_s + timing.load_s + timing.resume_s, 3),
+        "sync_downtime_s": round(timing.downtime_s, 3), "wall_s": round(wall, 2),
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    from polar_mq.client import Client
+    from polar_mq.datasets import TaskOptions, build_tasks
+    from polar_mq.datasets.submit import submit_built
+    from polar_mq.embedded_redis import free_port
+    from polar_mq.trainers.samples import samples_from_group
+    from polar_mq.up import launch
+
+    from examples.grpo.base_model import build as build_base
+    from examples.grpo.report import write_report
+    from examples.grpo.trainer import PolicyTrainer
+
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "weights").mkdir(parents=True)
+    base = build_base(Path(args.base), seed=args.seed, log=log)
+    version = 0
+    wdir = out / "weights" / f"v{version}"
+    copy_weights(base, wdir)
+    server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
+    log(f"starting vLLM on {wdir} …")
+    t_start = server.start()
+    log(f"vLLM ready in {t_start:.0f}s at {server.url}")
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
+           "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
+           "OMP_NUM_THREADS": "1"}
+    os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})
+    stack = None
+    rows_out: list[dict] = []
+    try:
+        os.environ["POLAR_LOG_DIR"] = str(out / "logs")
+        stack = launch(api_port=free_port(), gateway_port=free_port(), upstreams=[server.url], flower=False,
+                       concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
+        client = Client(stack.api_url, timeout=60)
+        client.resume(policy_version=version)
+        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed)
+        stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
+                               policy_version=lambda: version, drop_unusable=False)
+        tmpl = template()
+        t_run = time.time()
+        for step in range(args.steps):
+            t0 = time.time()
+            rows = task.rows(args.prompts, args.seed, offset=step * args.prompts)
+            built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
+            bad = [b for b in built if b.task is None]
+            if bad:
+                raise SystemExit(f"dataset rows rejected: {[b.error for b in bad]}")
+            outcomes = submit_built(client, built)
+            errors = [o for o in outcomes if o.status == "error"]
+            if errors:
+                raise SystemExit(f"submit failed: {[o.error for o in errors]}")
+            groups = stream.next_batch(args.prompts, timeout=args.step_timeout)
+            if len(groups) < args.prompts:
+                raise SystemExit(f"step {step}: {len(groups)} of {args.prompts} groups after {args.step_timeout}s")
+            t1 = time.time()
+            batches = [samples_from_group(g, advantage="mean_std") for g in groups]
+            samples = [s for b in batches for s in b.samples]
+            stats = trainer.step(samples)
+            t2 = time.time()
+            new_dir = out / "weights" / f"v{version + 1}"
+            t_save = trainer.save(new_dir)
+            for name in ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                         "special_tokens_map.json"):
+                src = wdir / name
+                if src.is_dir():
+                    shutil.copytree(src, new_dir / name, dirs_exist_ok=True)
+                elif src.exists():
+                    shutil.copy2(src, new_dir / name)
+            timing = sync(server, client, new_dir, version + 1, method=args.sync)
+            for g in groups:
+                stream.ack(g, reason="trained")
+            row = step_metrics(step, version, groups, batches, stats, timing, t1 - t0, t2 - t1, t_save,
+                               time.time() - t0)
+            rows_out.append(row)
+            (out / "metrics.jsonl").open("a").write(json.dumps(row) + "\n")
+            log(f"step {step}: v{version} mean reward {row['mean_reward']:.3f} pass {row['pass_rate']:.3f} "
+                f"tokens {row['tokens_trained']} rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
+                f"sync {row['sync_s']:.2f}s (downtime {row['sync_downtime_s']:.2f}s) wall {row['wall_s']:.1f}s")
+            old, wdir, version = wdir, new_dir, version + 1
+            if old.name != "v0":
+                shutil.rmtree(old, ignore_errors=True)
+        summary = write_report(out, rows_out, seed=args.seed, total_s=time.time() - t_run, vllm_start_s=t_start,
+                               vllm_weight_version=server.weight_version())
+        return summary
+    finally:
+        if stack is not None:
+            stack.stop()
+        server.stop()
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=4, help="groups (tasks) per step")
+    ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--max-staleness", type=int, default=0)
+    ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
+    ap.add_argument("--out", default=str(cache / "grpo" / "run"))
+    ap.add_argument("--base", default=str(cache / "grpo" / "base"))
+    ap.add_argument("--step-timeout", type=float, default=600.0)
+    ap.add_argument("--init-workers", type=int, default=2)
+    ap.add_argument("--run-workers", type=int, default=4)
+    ap.add_argument("--postrun-workers", type=int, default=2)
+    ap.add_argument("--vllm-threads", type=int, default=1)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    summary = run(args)
+    print(summary["line"], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

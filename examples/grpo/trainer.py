@@ -1,0 +1,129 @@
+"""The GRPO example's learner: torch + transformers on CPU, one policy-gradient update per batch
+of groups.
+
+Loss (token level, over the positions whose loss_mask is 1 only):
+
+    ratio_t = exp(logp_theta(y_t) - logp_behaviour(y_t))         behaviour = the logprobs vLLM
+    loss    = -mean_t min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A)          reported when it sampled
+
+with A the trajectory's group-relative advantage (polar_mq.trainers.samples). The batch is split
+into ``minibatches`` optimiser steps, so from the second step on the ratio is no longer 1 and the
+clip does its job (PPO-style); the first forward also measures how far the trainer's logprobs are
+from vLLM's for the same ids (numerics of two implementations of one model).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar_mq.trainers.samples import TrainSample
+
+
+@dataclass
+class StepStats:
+    samples: int
+    tokens_trained: int
+    loss: float
+    ratio_mean: float
+    ratio_max: float
+    clip_fraction: float
+    behaviour_gap: float  # mean |logp_trainer - logp_vllm| on the masked tokens, before the update
+    seconds: float
+
+
+class PolicyTrainer:
+    def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
+                 minibatches: int = 2, seed: int = 0, threads: int = 1):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+        self.clip_eps = clip_eps
+        self.minibatches = max(1, minibatches)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+
+    def _token_logprobs(self, samples: list[TrainSample]):
+        """Logprobs of every response token under the current weights, as a padded [B, R]
+        tensor, with the loss mask, behaviour logprobs and advantages aligned to it."""
+        torch = self.torch
+        seqs = [s.input_ids for s in samples]
+        width = max(len(x) for x in seqs)
+        rwidth = max(len(s.response_ids) for s in samples)
+        inp = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, ids in enumerate(seqs):
+            inp[i, :len(ids)] = torch.tensor(ids)
+            attn[i, :len(ids)] = 1
+        logits = self.model(input_ids=inp, attention_mask=attn).logits.float()
+        logp_all = torch.log_softmax(logits, -1)
+        lp = torch.zeros((len(samples), rwidth))
+        mask = torch.zeros((len(samples), rwidth))
+        old = torch.zeros((len(samples), rwidth))
+        for i, s in enumerate(samples):
+            n_p, n_r = len(s.prompt_ids), len(s.response_ids)
+            pos = torch.arange(n_p - 1, n_p - 1 + n_r)
+            tgt = torch.tensor(s.response_ids)
+            lp[i, :n_r] = logp_all[i, pos, tgt]
+            mask[i, :n_r] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            old[i, :n_r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32).unsqueeze(1)
+        return lp, mask, old, adv
+
+    def step(self, samples: list[TrainSample]) -> StepStats:
+        torch = self.torch
+        t0 = time.time()
+        if not samples:
+            return StepStats(0, 0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+        order = list(range(len(samples)))
+        chunks = [order[i::self.minibatches] for i in range(self.minibatches)]
+        total_tokens = sum(s.trained_tokens for s in samples)
+        losses, ratios, ratio_max, clipped, gap, n_tok = [], [], 1.0, 0.0, None, 0.0
+        for chunk in chunks:
+            if not chunk:
+                continue
+            part = [samples[i] for i in chunk]
+            lp, mask, old, adv = self._token_logprobs(part)
+            ratio = torch.exp(lp - old)
+            unclipped = ratio * adv
+            clipped_obj = torch.clamp(ratio, 1 - self.clip_eps, 1 + self.clip_eps) * adv
+            per_tok = -torch.minimum(unclipped, clipped_obj)
+            # token-level mean over the whole batch (every trained token weighs the same)
+            loss = (per_tok * mask).sum() / max(1, total_tokens)
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            with torch.no_grad():
+                m = mask.bool()
+                r = ratio[m]
+                if gap is None:
+                    gap = float((lp - old).abs()[m].mean()) if m.any() else 0.0
+                losses.append(float(loss) * max(1, total_tokens))
+                ratios.append(float(r.sum()))
+                n_tok += float(m.sum())
+                ratio_max = max(ratio_max, float(r.max()) if r.numel() else 1.0)
+                clipped += float(((r - 1).abs() > self.clip_eps).sum())
+        return StepStats(samples=len(samples), tokens_trained=total_tokens,
+                         loss=sum(losses) / max(1, total_tokens), ratio_mean=sum(ratios) / max(1.0, n_tok),
+                         ratio_max=ratio_max, clip_fraction=clipped / max(1.0, n_tok),
+                         behaviour_gap=gap or 0.0, seconds=time.time() - t0)
+
+    def save(self, out: str | Path) -> float:
+        """Write the weights (safetensors + config) for vLLM to load; seconds spent."""
+        t0 = time.time()
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out, safe_serialization=True)
+        return time.time() - t0
+
+
+def finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))
