@@ -64,6 +64,12 @@ def test_budget_ends_during_a_call_the_call_is_aborted_upstream_and_kept(pipelin
     assert call["params"]["temperature"] == 0.6 and call["requested_params"]["temperature"] == 1.0
     traj = pipeline.store.get_trajectory(sid)
     assert traj.stats["calls"] == 1 and traj.stats["calls_in_flight_at_build"] == 0
+    # The call in flight at the timeout is in the trajectory with what it sampled.
+    assert call["finish_reason"] == "abort" and traj.stats["aborted_calls"] == 1
+    [trace] = traj.traces
+    assert trace.call_ids == [call["call_id"]] and trace.finish_reason == "abort"
+    assert trace.response_ids == call["completion_token_ids"] and set(trace.loss_mask) == {1}
+    assert trace.response_logprobs == call["completion_logprobs"] and trace.metadata["aborted"]
     assert traj.metadata["sampling"]["policy"] == {"temperature": 0.6, "seed": 3}
 
 

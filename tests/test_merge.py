@@ -81,6 +81,28 @@ def test_calls_without_ids_are_skipped_and_lower_delivery():
         assert traj.stats["delivered_fraction"] == pytest.approx(2 / 6)
 
 
+def test_aborted_call_enters_both_builders_with_its_partial_answer_and_errors_stay_out():
+    """A generation the gateway stopped (budget timeout, cancel) keeps what it sampled in the
+    trajectory; a real upstream error with tokens does not."""
+    ok = rec("a", 1, [1, 10], [20, EOS])
+    cut = rec("b", 2, [1, 10, 20, EOS, 30], [40, 41, 42], finish="abort", status="error",
+              error="permission: cancelled: the session was cancelled")
+    broke = rec("c", 3, [1, 10, 20, EOS, 31], [50, 51], finish=None, status="error",
+                error="upstream_error: stream broke")
+    for name in ("per_request", "prefix_merging"):
+        traj = build(name, [broke, cut, ok], session_id="s")
+        assert traj.stats["skipped"] == {"error": 1}, name
+        assert traj.stats["aborted_calls"] == 1 and traj.stats["delivered_fraction"] == 1.0
+        [t] = [t for t in traj.traces if "b" in t.call_ids]
+        assert t.response_ids[-3:] == [40, 41, 42] and t.loss_mask[-3:] == [1, 1, 1]
+        assert t.response_logprobs[-3:] == [-2.0, -2.01, -2.02]
+        assert t.finish_reason == "abort" and t.metadata["aborted"] is True
+        assert all("c" not in t.call_ids for t in traj.traces)
+    assert [t.metadata["aborted"] for t in build("per_request", [ok, cut], session_id="s").traces] == [False, True]
+    merged = pm([ok, cut])
+    assert len(merged.traces) == 1 and merged.traces[0].metadata["aborted_calls"] == 1
+
+
 # ---- prefix_merging: layout -------------------------------------------------------------------
 
 def test_linear_chain_becomes_one_trace_with_masks_and_logprobs():

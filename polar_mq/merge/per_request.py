@@ -44,6 +44,7 @@ class PerRequestBuilder:
         traces = []
         for call in prep.calls:
             trace = call_trace(call, self.config.include_messages)
-            trace.metadata = {"started_at": call.started_at, "truncated": call.truncated}
+            trace.metadata = {"started_at": call.started_at, "truncated": call.truncated,
+                              "aborted": call.aborted}
             traces.append(trace)
         return BuildResult(traces, base_stats(prep, traces))

@@ -102,6 +102,8 @@ def _metadata(chain: Chain, asm: _Assembled, calls: list[Call], conv: Conversati
         "interstitial_tokens": asm.interstitial,
         "eos_inserted": asm.eos_inserted,
         "truncated_calls": sum(1 for c in members if c.truncated),
+        "aborted_calls": sum(1 for c in members if c.aborted),
+        "aborted": any(c.aborted for c in members),
         "started_at": members[0].started_at,
         "parent_trace": None,
         "branch_call_id": None,

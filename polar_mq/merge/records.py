@@ -16,6 +16,14 @@ from polar_mq.model import CaptureRecord
 
 STOP_REASONS = frozenset({"stop", "tool_calls", "function_call", "end_turn", "stop_sequence"})
 TRUNCATED_REASONS = frozenset({"length", "max_tokens"})
+ABORTED_REASON = "abort"  # the gateway stopped the generation (capture.fill_partial marks it)
+
+
+def is_aborted(rec: CaptureRecord) -> bool:
+    """A generation the gateway stopped mid-way (budget timeout, cancel, client gone) that kept
+    what it sampled: it belongs in the trajectory. Upstream errors do not (their status is error
+    too, but their finish_reason is never "abort")."""
+    return rec.status == "error" and rec.finish_reason == ABORTED_REASON
 
 
 def as_record(item: CaptureRecord | Mapping[str, Any], session_id: str | None = None) -> CaptureRecord:
@@ -59,6 +67,10 @@ class Call:
         return self.record.started_at
 
     @property
+    def aborted(self) -> bool:
+        return is_aborted(self.record)
+
+    @property
     def truncated(self) -> bool:
         return (self.record.finish_reason or "") in TRUNCATED_REASONS
 
@@ -70,7 +82,7 @@ class Prepared:
     calls: list[Call]
     records: int
     skipped: Counter = field(default_factory=Counter)
-    sampled_tokens: int = 0  # sampled by the model in non-error calls (the delivery denominator)
+    sampled_tokens: int = 0  # sampled in ok and aborted calls (the delivery denominator)
 
 
 def _canonical_key(rec: CaptureRecord) -> tuple:
@@ -79,7 +91,7 @@ def _canonical_key(rec: CaptureRecord) -> tuple:
 
 def _preference(rec: CaptureRecord) -> tuple:
     """Among records sharing a call id keep the most complete one, independent of arrival."""
-    return (rec.status == "ok", len(rec.completion_token_ids or []),
+    return (rec.status == "ok", is_aborted(rec), len(rec.completion_token_ids or []),
             len(rec.prompt_token_ids or []), -float(rec.started_at or 0.0))
 
 
@@ -102,7 +114,7 @@ def prepare(items: Iterable[CaptureRecord | Mapping[str, Any]],
         if rec.kind != "generation":
             skipped[rec.kind or "other"] += 1
             continue
-        if rec.status != "ok":
+        if rec.status != "ok" and not is_aborted(rec):
             skipped["error"] += 1
             continue
         completion = list(rec.completion_token_ids or [])

@@ -22,5 +22,6 @@ def base_stats(prep: Prepared, traces: list[Trace]) -> dict[str, Any]:
         "delivered_fraction": round(delivered / sampled, 6) if sampled else 1.0,
         "total_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in traces),
         "truncated_calls": sum(1 for c in prep.calls if c.truncated),
+        "aborted_calls": sum(1 for c in prep.calls if c.aborted),
         "calls_without_logprobs": sum(1 for c in prep.calls if c.logprobs is None),
     }

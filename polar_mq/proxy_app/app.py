@@ -147,7 +147,7 @@ class Gateway:
         except Aborted as exc:
             error = exc.error
             if exc.partial is not None:
-                fill_partial(record, exc.partial, exc.url)
+                fill_partial(record, exc.partial, exc.url, aborted=True)
             fill_error(record, error)
         except GatewayError as exc:
             error = exc
@@ -263,7 +263,8 @@ class Gateway:
             self.pause.release(counted)
         if error is not None:
             if acc is not None and acc.started and handle is not None:
-                fill_partial(record, acc.result(), handle.url)
+                fill_partial(record, acc.result(), handle.url,
+                             aborted=inflight.reason is not None)
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
         try:

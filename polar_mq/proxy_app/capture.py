@@ -52,18 +52,25 @@ def fill_result(record: CaptureRecord, result: ChatResult, upstream_url: str) ->
                             f"{len(record.completion_token_ids)} sampled ids")
 
 
-def fill_partial(record: CaptureRecord, result: ChatResult, upstream_url: str) -> None:
-    """What a stream sampled before it broke: the record keeps it (status stays error)."""
+ABORTED = "abort"  # finish_reason of a generation we stopped (vLLM's word for it too)
+
+
+def fill_partial(record: CaptureRecord, result: ChatResult, upstream_url: str,
+                 aborted: bool = False) -> None:
+    """What a stream sampled before it stopped: the record keeps it (status stays error).
+    `aborted`: the gateway stopped it (budget timeout, cancel, client gone), not the upstream;
+    such a record gets finish_reason "abort" and enters trajectories with its partial answer."""
     record.response_message = result.message
     record.prompt_token_ids = list(result.prompt_token_ids or [])
     record.completion_token_ids = list(result.completion_token_ids or [])
     record.completion_logprobs = list(result.logprobs or [])
-    record.finish_reason = None
+    record.finish_reason = ABORTED if aborted else None
     record.model_served = result.model or record.model_served
     record.upstream_url = upstream_url
     record.usage = {"prompt_tokens": len(record.prompt_token_ids),
                     "completion_tokens": len(record.completion_token_ids)}
-    record.notes.append(f"stream broke after {len(record.completion_token_ids)} sampled tokens; "
+    what = "aborted by the gateway" if aborted else "stream broke"
+    record.notes.append(f"{what} after {len(record.completion_token_ids)} sampled tokens; "
                         "the record keeps what was sampled")
 
 
