@@ -159,17 +159,17 @@ def test_a_weight_sync_in_the_middle_of_a_pipeline_session(gateway, api_on_gatew
     for stage in ("init", "run", "postrun"):
         p.start_worker(stage, 1)
     try:
-        requests.post(f"{api}/v1/admin/resume", json={"policy_version": 7}, timeout=10).raise_for_status()
+        requests.post(f"{api}/v1/admin/resume", headers=AUTH, json={"policy_version": 7}, timeout=10).raise_for_status()
         _, sids = p.submit(agent_task(num_samples=1, instruction="Write hello into polar.txt polar:sleep=1.5",
                                       metadata={"policy_version": 7}))
         deadline = time.monotonic() + 60
-        while requests.get(f"{api}/v1/admin/status", timeout=10).json()["in_flight"] < 1:
+        while requests.get(f"{api}/v1/admin/status", headers=AUTH, timeout=10).json()["in_flight"] < 1:
             assert time.monotonic() < deadline, "the session's first call never started"
             time.sleep(0.05)
-        paused = requests.post(f"{api}/v1/admin/pause", params={"wait": 30}, timeout=60).json()
+        paused = requests.post(f"{api}/v1/admin/pause", headers=AUTH, params={"wait": 30}, timeout=60).json()
         assert paused["drained"] is True
         time.sleep(0.8)  # the trainer swaps weights; the agent's next call waits at the gateway
-        requests.post(f"{api}/v1/admin/resume", json={"policy_version": 8}, timeout=10).raise_for_status()
+        requests.post(f"{api}/v1/admin/resume", headers=AUTH, json={"policy_version": 8}, timeout=10).raise_for_status()
         [rec] = p.wait(sids, timeout=90)
         assert rec.state == "COMPLETED"
         traj = p.store.get_trajectory(rec.session_id)
@@ -179,5 +179,5 @@ def test_a_weight_sync_in_the_middle_of_a_pipeline_session(gateway, api_on_gatew
         assert traj.metadata["sampled_policy_versions"] == [7, 8]
         assert traj.stats["held_seconds"] >= 0.5
     finally:
-        requests.post(f"{api}/v1/admin/resume", timeout=10)
+        requests.post(f"{api}/v1/admin/resume", headers=AUTH, timeout=10)
         p.stop()
