@@ -41,6 +41,23 @@ class TokenSettings:
                    token_file=polar_home() / "token")
 
 
+@dataclass(frozen=True)
+class LogSettings:
+    """Size cap of the log files polar_mq writes (polar_mq/logcap.py): harness and prepare logs
+    of every runtime and the process logs of `polar-mq up`. A log past `max_bytes` is rotated to
+    `<name>.1` …; `backups` old files are kept, so one log takes at most (backups + 1) × max_bytes.
+    POLAR_LOG_MAX_BYTES (default 64 MiB; 0: no cap), POLAR_LOG_BACKUPS (default 2)."""
+
+    max_bytes: int = 64 * 1024 * 1024
+    backups: int = 2
+
+    @classmethod
+    def from_env(cls) -> "LogSettings":
+        env = os.environ
+        return cls(max_bytes=int(env.get("POLAR_LOG_MAX_BYTES") or cls.max_bytes),
+                   backups=int(env.get("POLAR_LOG_BACKUPS") or cls.backups))
+
+
 @dataclass
 class GatewaySettings:
     upstreams: list[str] = field(default_factory=list)

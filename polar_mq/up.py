@@ -21,6 +21,7 @@ import requests
 
 from . import tokens
 from .embedded_redis import ensure_redis, free_port
+from .logcap import RotatingLog, pump
 from .settings import TokenSettings
 
 
@@ -53,9 +54,13 @@ class Supervisor:
         self.children: list[Child] = []
 
     def spawn(self, name: str, args: list[str]) -> Child:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+        """Start a child; its output goes through a pipe into `<log_dir>/<name>.log`, rotated at
+        POLAR_LOG_MAX_BYTES (polar_mq/logcap.py)."""
+        log = RotatingLog(self.log_dir / f"{name}.log")
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                 start_new_session=True)
+        pump(proc.stdout, log)  # type: ignore[arg-type]
         child = Child(name, proc)
         self.children.append(child)
         return child

@@ -49,12 +49,21 @@ class Runtime(Protocol):
         """Tear down; idempotent."""
 
 
-def tail(path: Path, limit: int = 4000) -> str:
+def _tail_bytes(path: Path, limit: int) -> bytes:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(0, size - limit))
-            return fh.read().decode(errors="replace")
+            return fh.read()
     except OSError:
-        return ""
+        return b""
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    """The last `limit` bytes of a log, reaching into its previous file when it was just rotated
+    (polar_mq/logcap.py)."""
+    data = _tail_bytes(path, limit)
+    if len(data) < limit:
+        data = _tail_bytes(Path(f"{path}.1"), limit - len(data)) + data
+    return data.decode(errors="replace")

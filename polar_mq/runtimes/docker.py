@@ -39,6 +39,7 @@ The docker engine is found the SDK's way (``DOCKER_HOST``, else /var/run/docker.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -50,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..logcap import RotatingLog
 from ..taskspec import RuntimeSpec
 from .base import ExecResult, tail
 
@@ -186,12 +188,11 @@ class DockerRuntime:
             exec_id = api.exec_create(container.id, argv, environment=full_env, workdir=handle["workdir"],
                                       stdout=True, stderr=True, stdin=False, tty=False)["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=False)
-            with open(log_path, "ab") as logf:
+            with contextlib.closing(RotatingLog(log_path)) as logf:  # size-capped (logcap.py)
                 def pump() -> None:
                     try:
                         for chunk in stream:
                             logf.write(chunk)
-                            logf.flush()
                     except Exception:  # noqa: BLE001 - the stream ends when the container goes
                         pass
 

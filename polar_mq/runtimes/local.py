@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..logcap import RotatingLog, pump
 from ..taskspec import RuntimeSpec
 from .base import ExecResult, tail
 
@@ -57,12 +58,17 @@ def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float 
               heartbeat: Callable[[], None] | None = None) -> ExecResult:
     """Run argv in its own process group (dying with this process), output appended to log_path;
     kill the group on timeout or stop, and whatever a finished command left behind."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = RotatingLog(log_path)  # size-capped (POLAR_LOG_MAX_BYTES): output comes through a pipe
     t0 = time.monotonic()
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent)
+    except BaseException:
+        log.close()
+        raise
+    pumper = pump(proc.stdout, log)  # type: ignore[arg-type]
+    try:
         if on_start:
             on_start({"pgid": proc.pid})
         timed_out = stopped = False
@@ -86,6 +92,9 @@ def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float 
                 heartbeat()
                 last_beat = elapsed
         kill_group(proc.pid, grace=0.5)  # leftovers of a finished command
+    finally:
+        pumper.join(2)  # the group is gone: the pipe ends (a process that escaped it may hold it)
+        log.close()
     return ExecResult(exit_code=proc.returncode, timed_out=timed_out, stopped=stopped,
                       duration_s=time.monotonic() - t0, output_tail=tail(log_path),
                       log_path=str(log_path))
