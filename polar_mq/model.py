@@ -161,6 +161,10 @@ class SessionRecord(Record):
     reward: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     history: list[list[Any]] = field(default_factory=list)  # [state, unix time, node]
+    # What happened to the session besides its state moves, e.g. {"event": "orphans_reaped", "at":
+    # unix time, "node": ..., "pids": [...]} when a worker reaped what a dead worker left running
+    # for it (runtimes/orphans.py). Appended in its own WATCH/MULTI; stages never rewrite it.
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

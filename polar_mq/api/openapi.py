@@ -114,6 +114,9 @@ SCHEMAS: dict[str, Any] = {
                         "description": "<state>_start / <state>_end unix times"},
             "durations": {"type": "object", "additionalProperties": {"type": "number"},
                           "description": "seconds per state"},
+            "events": {"type": "array", "items": {"type": "object", "required": ["event", "at"]},
+                       "description": "what happened besides state moves (present when any), e.g. "
+                                      "{event: orphans_reaped, at, node, pgids, pids}"},
         },
     },
     "TaskStatus": {

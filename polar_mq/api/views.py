@@ -28,7 +28,7 @@ def durations(rec: SessionRecord, now: float | None = None) -> dict[str, float]:
 
 
 def session_summary(rec: SessionRecord, now: float | None = None) -> dict[str, Any]:
-    return {
+    summary = {
         "session_id": rec.session_id,
         "index": rec.index,
         "state": rec.state,
@@ -44,6 +44,9 @@ def session_summary(rec: SessionRecord, now: float | None = None) -> dict[str, A
         "timings": dict(rec.timings),
         "durations": durations(rec, now),
     }
+    if rec.events:  # e.g. orphaned runtimes reaped for it (runtimes/orphans.py)
+        summary["events"] = list(rec.events)
+    return summary
 
 
 def overall_state(records: Iterable[SessionRecord]) -> str:

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from ..taskspec import RuntimeSpec
 from .base import ExecResult
 from .local import base_env, kill_group, supervise
+from .orphans import owner_env
 
 log = logging.getLogger("polar_mq.runtimes.apptainer")
 
@@ -123,7 +124,7 @@ class ApptainerRuntime:
              heartbeat: Callable[[], None] | None = None) -> ExecResult:
         cmd = ["sh", "-c", command] if isinstance(command, str) else list(command)
         inner = base_env(handle, env)
-        host_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        host_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **owner_env(handle),
                     **{f"APPTAINERENV_{k}": v for k, v in inner.items() if k != "PATH"}}
         result = self.supervisor(self.exec_argv(handle, cmd), cwd=handle["session_dir"], env=host_env,
                                  timeout=timeout, log_path=log_path, should_stop=should_stop,

@@ -370,6 +370,11 @@ def maybe_sweep(store, interval: float | None = None) -> list[str]:
         interval = float(os.environ.get("POLAR_DOCKER_SWEEP_INTERVAL", "30"))
     if interval <= 0 or time.time() - _last_sweep[0] < interval:
         return []
+    return sweep_now(store)
+
+
+def sweep_now(store) -> list[str]:
+    """Sweep now (a worker starting: what a dead worker left), where a docker engine is configured."""
     _last_sweep[0] = time.time()
     if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
         return []

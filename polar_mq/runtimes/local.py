@@ -19,6 +19,7 @@ from typing import Any, Callable
 from ..logcap import RotatingLog, pump
 from ..taskspec import RuntimeSpec
 from .base import ExecResult, tail
+from .orphans import owner_env
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,9 +48,11 @@ def kill_group(pgid: int, grace: float = 2.0) -> None:
 
 
 def base_env(handle: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
-    """The command's environment: PATH and LANG, the spec's env, the launch env, HOME."""
+    """The command's environment: PATH and LANG, the spec's env, the launch env, HOME, the
+    owner marker."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-            **handle.get("env", {}), **env, "HOME": env.get("HOME", handle["home"])}
+            **handle.get("env", {}), **env, "HOME": env.get("HOME", handle["home"]),
+            **owner_env(handle)}  # found again if this worker dies (runtimes/orphans.py)
 
 
 def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float | None, log_path: Path,

@@ -140,3 +140,36 @@ def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading
     thread = threading.Thread(target=loop, name="polar-node-beat", daemon=True)
     thread.start()
     return thread
+
+
+def reap_orphans(ctx: StageContext) -> int:
+    """Kill and report what dead workers left running on this node: process groups of the local,
+    bwrap and apptainer runtimes (runtimes/orphans.py) and containers of finished or unknown
+    sessions (runtimes/docker.py: sweep). Returns how many runtimes were reaped."""
+    from ..runtimes import orphans
+    from ..runtimes.docker import sweep_now
+
+    n = 0
+    try:
+        n += len({o.session_id for o in orphans.reap(ctx.store, ctx.settings.node, ctx.settings.redis_url)})
+    except Exception:
+        log.exception("orphan scan failed")
+    removed = sweep_now(ctx.store)
+    if removed:
+        ctx.store.incr("orphaned_runtimes_reaped", len(removed))
+    return n + len(removed)
+
+
+def start_orphan_reaper(ctx: StageContext, stop: threading.Event | None = None) -> threading.Thread:
+    """At worker start, then every `orphan_scan_interval` seconds (0: at start only)."""
+    stop = stop or threading.Event()
+    interval = ctx.settings.orphan_scan_interval
+
+    def loop() -> None:
+        reap_orphans(ctx)
+        while interval > 0 and not stop.wait(interval):
+            reap_orphans(ctx)
+
+    thread = threading.Thread(target=loop, name="polar-orphan-reaper", daemon=True)
+    thread.start()
+    return thread

@@ -9,12 +9,13 @@ import logging
 from celery.signals import worker_process_init, worker_ready
 
 from ..pipeline_store import PipelineStore
+from ..runtimes import orphans
 from ..settings import PipelineSettings
 from ..store import connect
 from . import callbacks, stages
 from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_celery
 from .context import GatewayClient, StageContext
-from .janitor import start_janitor, start_node_beat
+from .janitor import start_janitor, start_node_beat, start_orphan_reaper
 from .routing import make_enqueue
 
 log = logging.getLogger("polar_mq.worker")
@@ -28,6 +29,7 @@ def context() -> StageContext:
     """Per-process context (Redis connections must not cross a fork)."""
     global _ctx
     if _ctx is None:
+        orphans.set_scope(settings.node, settings.redis_url)  # marks the runtimes this process starts
         store = PipelineStore(connect(settings.redis_url, ride_out_outages=60))
         _ctx = StageContext(settings=settings, store=store,
                             gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
@@ -44,6 +46,7 @@ def _reset_after_fork(**_: object) -> None:
 @worker_ready.connect
 def _janitor(sender=None, **_: object) -> None:
     ctx = context()
+    start_orphan_reaper(ctx)  # what a dead worker left on this node: killed and reported
     start_janitor(ctx)
     queues = sorted(getattr(app.amqp.queues, "consume_from", None) or app.amqp.queues)
     concurrency = getattr(getattr(sender, "controller", None), "concurrency", None)
