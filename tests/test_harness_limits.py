@@ -53,6 +53,40 @@ def test_window_from_the_served_model(tmp_path):
     assert launch.env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8000"
 
 
+def gemini_settings(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "home" / ".gemini" / "settings.json").read_text())
+
+
+def qwen_provider(tmp_path: Path) -> dict:
+    cfg = json.loads((tmp_path / "home" / ".qwen" / "settings.json").read_text())
+    [entry] = cfg["modelProviders"][cfg["security"]["auth"]["selectedType"]]
+    return entry
+
+
+def test_gemini_cli_and_qwen_code_get_the_served_window(tmp_path):
+    # Gemini CLI: no window setting; its compression threshold is a fraction of its own table's
+    # window (1,048,576 for a model it does not know), so it compresses at half the served one.
+    get_harness("gemini_cli").launch(ctx(tmp_path / "g", max_model_len=131072))
+    cfg = gemini_settings(tmp_path / "g")
+    assert cfg["model"]["compressionThreshold"] * 1_048_576 == pytest.approx(65536, abs=1)
+    [override] = cfg["modelConfigs"]["customOverrides"]
+    assert override == {"match": {"model": "m1"},
+                        "modelConfig": {"generateContentConfig": {"maxOutputTokens": 32768}}}
+    get_harness("gemini_cli").launch(ctx(tmp_path / "g2", max_model_len=8192, sampling={"max_tokens": 6000}))
+    cfg = gemini_settings(tmp_path / "g2")  # the output cap must still fit: compress at 8192 - 6000
+    assert cfg["model"]["compressionThreshold"] * 1_048_576 == pytest.approx(2192, abs=1)
+    assert cfg["modelConfigs"]["customOverrides"][0]["modelConfig"]["generateContentConfig"] == {
+        "maxOutputTokens": 6000}
+    # Qwen Code: the provider entry's contextWindowSize, the output cap by its env variable
+    launch = get_harness("qwen_code").launch(ctx(tmp_path / "q", max_model_len=65536))
+    assert qwen_provider(tmp_path / "q")["generationConfig"] == {"contextWindowSize": 65536}
+    assert launch.env["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "16384"
+    launch = get_harness("qwen_code").launch(ctx(tmp_path / "q2", context_window=50000, max_output_tokens=3000,
+                                                 api="anthropic"))
+    assert qwen_provider(tmp_path / "q2")["generationConfig"] == {"contextWindowSize": 50000}
+    assert launch.env["QWEN_CODE_MAX_OUTPUT_TOKENS"] == "3000"
+
+
 def test_task_overrides_and_sampling_cap(tmp_path):
     get_harness("opencode").launch(ctx(tmp_path / "o", context_window=50000, max_output_tokens=2000))
     assert opencode_limit(tmp_path / "o") == {"context": 50000, "output": 2000}

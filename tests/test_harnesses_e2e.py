@@ -16,10 +16,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import requests
 
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.harnesses import install
+from polar_mq.harnesses.limits import resolve
 
 HARNESSES = ["claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi"]
 BACKEND = "bwrap" if shutil.which("bwrap") else "local"
@@ -79,3 +81,11 @@ def test_cli_end_to_end(harness, pipeline, gateway):
     main = traj.traces[roles.index("main")]
     assert len(main.call_ids) >= 2  # the tool round trip merged into one trace
     assert all(r != "main" for i, r in enumerate(roles) if traj.traces[i] is not main)
+    # The output cap derived from the served model's max_model_len reached the CLI (Gemini CLI and
+    # Qwen Code through the settings and env the shortcut writes) and the CLI asked for it.
+    if harness in ("gemini_cli", "qwen_code"):
+        health = requests.get(f"{gateway.url}/health", timeout=10).json()
+        want = resolve(max(u.get("max_model_len") or 0 for u in health["upstreams"]) or None).max_output
+        by_id = {c["call_id"]: c for c in calls}
+        asked = [by_id[cid]["requested_params"].get("max_tokens") for cid in main.call_ids]
+        assert asked and all(a == want for a in asked), (asked, want)

@@ -193,11 +193,30 @@ def codex(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
 # --------------------------------------------------------------------------------------------
 # Gemini CLI
 # --------------------------------------------------------------------------------------------
+#: Gemini CLI 0.61's own window table (core tokenLimits.ts): Gemma 4 256k, everything else 1M.
+_GEMINI_CLI_WINDOWS = {"gemma-4-31b-it": 256_000, "gemma-4-26b-a4b-it": 256_000}
+_GEMINI_CLI_DEFAULT_WINDOW = 1_048_576
+_GEMINI_COMPRESS_AT = 0.5  # its default compressionThreshold: compress at half the window
+
+
+def gemini_compression_threshold(model: str, limits: ModelLimits) -> float:
+    """Gemini CLI has no window setting: it compresses when the last prompt passes
+    `model.compressionThreshold` × its own table's window for the model name (1M for a name it
+    does not know). This fraction makes that happen at half the *served* window (its default
+    fraction), and never so late that the output limit no longer fits."""
+    at = min(_GEMINI_COMPRESS_AT * limits.context_window, limits.context_window - limits.max_output)
+    cli_window = _GEMINI_CLI_WINDOWS.get(model, _GEMINI_CLI_DEFAULT_WINDOW)
+    return round(min(0.95, max(at, 1) / cli_window), 6)
+
+
 def gemini_cli(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-               instruction: str, *, api: str = GEMINI, bin: str = "gemini") -> Launch:
+               instruction: str, *, api: str = GEMINI, bin: str = "gemini",
+               limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """Gemini CLI: ``~/.gemini/settings.json`` selecting ``gemini-api-key`` auth (env alone fails
     with exit 41), env ``GOOGLE_GEMINI_BASE_URL``/``GEMINI_API_KEY``.  ``-m MODEL`` avoids the
-    router/classifier side call.  Runs ``gemini -p TASK --yolo -m MODEL``.
+    router/classifier side call.  Runs ``gemini -p TASK --yolo -m MODEL``.  Limits: the output
+    cap as a ``modelConfigs.customOverrides`` entry for the model (``maxOutputTokens``), the
+    window through ``model.compressionThreshold`` (gemini_compression_threshold).
     """
     _check_api("gemini_cli", api, (GEMINI,))
     home = Path(home)
@@ -208,7 +227,10 @@ def gemini_cli(home: PathLike, base_urls: Mapping[str, str], key: str, model: st
                     "checkpointing": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False, "logPrompts": False},
-        "model": {"name": model},
+        "model": {"name": model, "compressionThreshold": gemini_compression_threshold(model, limits)},
+        "modelConfigs": {"customOverrides": [
+            {"match": {"model": model},
+             "modelConfig": {"generateContentConfig": {"maxOutputTokens": limits.max_output}}}]},
         "ide": {"enabled": False},
     }
     files = [_write_json(home / ".gemini" / "settings.json", settings)]
@@ -232,10 +254,16 @@ _QWEN_AUTH = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", GEMINI: "gemini"}
 
 
 def qwen_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
-              instruction: str, *, api: str = OPENAI_CHAT, bin: str = "qwen") -> Launch:
+              instruction: str, *, api: str = OPENAI_CHAT, bin: str = "qwen",
+              limits: ModelLimits = DEFAULT_LIMITS) -> Launch:
     """Qwen Code: env ``OPENAI_*`` (or ``ANTHROPIC_*`` / ``GEMINI_*``) plus ``~/.qwen/settings.json``
     with ``security.auth.selectedType`` and a ``modelProviders`` entry carrying the base URL.
-    Runs ``qwen -p TASK --yolo``.
+    Runs ``qwen -p TASK --yolo``.  Limits: the window as the provider entry's
+    ``generationConfig.contextWindowSize`` (provider entries are sealed: a top-level
+    ``model.generationConfig`` would not reach it), the output cap as
+    ``QWEN_CODE_MAX_OUTPUT_TOKENS`` (not ``samplingParams.max_tokens``, which would make it send
+    its sampling keys verbatim); with either set it also stops its 8k → 64k retry of a
+    truncated answer.
     """
     _check_api("qwen_code", api, tuple(_QWEN_AUTH))
     home = Path(home)
@@ -247,7 +275,8 @@ def qwen_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     settings = {
         "security": {"auth": {"selectedType": auth}, "folderTrust": {"enabled": False}},
         "model": {"name": model},
-        "modelProviders": {auth: [{"id": model, "name": model, "baseUrl": base, "envKey": key_env}]},
+        "modelProviders": {auth: [{"id": model, "name": model, "baseUrl": base, "envKey": key_env,
+                                   "generationConfig": {"contextWindowSize": limits.context_window}}]},
         "general": {"enableAutoUpdate": False, "disableAutoUpdate": True, "disableUpdateNag": True,
                     "checkpointing": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
@@ -263,7 +292,8 @@ def qwen_code(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
         env.update({"ANTHROPIC_BASE_URL": base, "ANTHROPIC_MODEL": model})
     else:
         env.update({"GOOGLE_GEMINI_BASE_URL": base, "GEMINI_MODEL": model})
-    env.update({"QWEN_CODE_NO_RELAUNCH": "true", "QWEN_SANDBOX": "false"})
+    env.update({"QWEN_CODE_NO_RELAUNCH": "true", "QWEN_SANDBOX": "false",
+                "QWEN_CODE_MAX_OUTPUT_TOKENS": str(limits.max_output)})
     argv = [bin, "-p", instruction, "--yolo", "--auth-type", auth, "-m", model]
     return Launch("qwen_code", api, argv, env, files)
 
@@ -404,9 +434,9 @@ SUPPORTED_APIS: Dict[str, tuple] = {
 }
 
 
-#: Harnesses whose CLI has a context-window / output-limit setting (given ``limits``). Gemini CLI
-#: and Qwen Code take their limits from their own model tables (no verified setting).
-TAKES_LIMITS = ("claude_code", "codex", "opencode", "pi")
+#: Harnesses whose CLI has a context-window / output-limit setting (given ``limits``): all six
+#: (Gemini CLI's window only through its compression threshold, see gemini_compression_threshold).
+TAKES_LIMITS = ("claude_code", "codex", "opencode", "pi", "gemini_cli", "qwen_code")
 
 
 def build(harness: str, home: PathLike, base_urls: Mapping[str, str], key: str, model: str,
