@@ -123,10 +123,12 @@ def _gc(args: argparse.Namespace) -> int:
     from .settings import PipelineSettings
     from .store import Keys, connect
 
-    settings = PipelineSettings.from_env(redis_url=args.redis)
-    report = retention.gc(connect(settings.redis_url), Keys(), older_than=args.older_than,
+    settings = PipelineSettings.from_env(redis_url=args.redis, gateway_redis_url=args.gateway_redis)
+    r = connect(settings.redis_url)
+    gw = connect(settings.gateway_redis_url) if settings.gateway_redis_url not in (None, settings.redis_url) else None
+    report = retention.gc(r, Keys(), older_than=args.older_than,
                           retention=args.retention if args.retention is not None else settings.retention_seconds,
-                          delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run)
+                          delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run, gw=gw)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
     return 0
 
@@ -184,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = sub.add_parser("gc", help="expire finished tasks' Redis data and prune their session dirs")
     gc.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
+    gc.add_argument("--gateway-redis", metavar="URL",
+                    help="the gateway's Redis when it has its own (default $POLAR_GATEWAY_REDIS_URL)")
     gc.add_argument("--older-than", type=float, default=86400.0, metavar="SECONDS",
                     help="finished tasks created longer ago than this (default 1 day) get their TTL")
     gc.add_argument("--retention", type=float, metavar="SECONDS",

@@ -8,6 +8,10 @@ and its gateway sessions (their records, chunks, key mapping, in-flight and canc
 gateway-built trajectories), abandoned run attempts included. `polar-mq gc` applies the same to
 finished tasks nobody exported within `--older-than`, drops index entries of expired tasks and
 prunes their session directories (logs) on disk.
+
+The gateway may keep its records in a Redis of its own (`POLAR_GATEWAY_REDIS_URL` on the API and
+`polar-mq gc --gateway-redis`): each function takes that client as `gw` and expires the gateway
+sessions' keys there (`None`: the pipeline's Redis holds them too).
 """
 
 from __future__ import annotations
@@ -43,14 +47,7 @@ def _gateway_keys(r: redis.Redis, keys: Keys, gw_sid: str) -> list[str]:
     return found
 
 
-def task_keys(r: redis.Redis, keys: Keys, task_id: str) -> list[str]:
-    """Every Redis key a task owns (those that exist)."""
-    found = list(keys.task_keys(task_id))
-    for rec in _sessions(r, keys, task_id):
-        found.extend(keys.session_keys(rec.session_id))
-        gw_ids = [rec.gateway_session_id] + list((rec.stats or {}).get("abandoned_gateway_sessions") or [])
-        for gw in dict.fromkeys(g for g in gw_ids if g):
-            found.extend(_gateway_keys(r, keys, gw))
+def _existing(r: redis.Redis, found: list[str]) -> list[str]:
     found = list(dict.fromkeys(found))
     pipe = r.pipeline(transaction=False)
     for k in found:
@@ -58,14 +55,37 @@ def task_keys(r: redis.Redis, keys: Keys, task_id: str) -> list[str]:
     return [k for k, hit in zip(found, pipe.execute()) if hit]
 
 
+def owned_keys(r: redis.Redis, keys: Keys, task_id: str,
+               gw: redis.Redis | None = None) -> tuple[list[str], list[str]]:
+    """The keys a task owns that exist: (in the pipeline's Redis, in the gateway's Redis). With
+    one Redis for both (`gw` None or the same client) the second list is empty."""
+    gw_client = gw if gw is not None else r
+    pipeline_found = list(keys.task_keys(task_id))
+    gateway_found: list[str] = []
+    for rec in _sessions(r, keys, task_id):
+        pipeline_found.extend(keys.session_keys(rec.session_id))
+        gw_ids = [rec.gateway_session_id] + list((rec.stats or {}).get("abandoned_gateway_sessions") or [])
+        for gw_sid in dict.fromkeys(g for g in gw_ids if g):
+            gateway_found.extend(_gateway_keys(gw_client, keys, gw_sid))
+    if gw is None or gw is r:
+        return _existing(r, pipeline_found + gateway_found), []
+    return _existing(r, pipeline_found), _existing(gw, gateway_found)
+
+
+def task_keys(r: redis.Redis, keys: Keys, task_id: str, gw: redis.Redis | None = None) -> list[str]:
+    """Every Redis key a task owns (those that exist), both Redis servers' together."""
+    here, there = owned_keys(r, keys, task_id, gw)
+    return here + there
+
+
 def is_finished(r: redis.Redis, keys: Keys, task_id: str) -> bool:
     recs = _sessions(r, keys, task_id)
     return bool(recs) and all(states.is_terminal(s.state) for s in recs)
 
 
-def expire_task(r: redis.Redis, keys: Keys, task_id: str, ttl: float) -> int:
-    """Give every key of the task the TTL (0: delete now); returns how many keys."""
-    found = task_keys(r, keys, task_id)
+def _expire(r: redis.Redis, found: list[str], ttl: float) -> None:
+    if not found:
+        return
     pipe = r.pipeline(transaction=False)
     for k in found:
         if ttl <= 0:
@@ -73,16 +93,25 @@ def expire_task(r: redis.Redis, keys: Keys, task_id: str, ttl: float) -> int:
         else:
             pipe.expire(k, max(1, int(ttl)))
     pipe.execute()
-    return len(found)
 
 
-def mark_exported(r: redis.Redis, keys: Keys, task_id: str, ttl: float) -> bool:
+def expire_task(r: redis.Redis, keys: Keys, task_id: str, ttl: float, gw: redis.Redis | None = None) -> int:
+    """Give every key of the task the TTL (0: delete now), in both Redis servers; returns how
+    many keys."""
+    here, there = owned_keys(r, keys, task_id, gw)
+    _expire(r, here, ttl)
+    if there:
+        _expire(gw, there, ttl)  # type: ignore[arg-type]
+    return len(here) + len(there)
+
+
+def mark_exported(r: redis.Redis, keys: Keys, task_id: str, ttl: float, gw: redis.Redis | None = None) -> bool:
     """A finished task's results were exported or acked: its retention starts (again) now.
     Unfinished tasks are left alone (returns False)."""
     if ttl <= 0 or not is_finished(r, keys, task_id):
         return False
     r.set(keys.task_exported(task_id), str(time.time()))
-    expire_task(r, keys, task_id, ttl)
+    expire_task(r, keys, task_id, ttl, gw)
     return True
 
 
@@ -95,20 +124,35 @@ class GcReport:
     dirs_pruned: int = 0
     used_memory_before: int = 0
     used_memory_after: int = 0
+    gateway_used_memory_before: int | None = None  # the gateway's own Redis, when it has one
+    gateway_used_memory_after: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tasks_seen": self.tasks_seen, "expiring": len(self.expiring), "deleted": len(self.deleted),
-                "index_dropped": len(self.index_dropped), "dirs_pruned": self.dirs_pruned,
-                "used_memory_before": self.used_memory_before, "used_memory_after": self.used_memory_after,
-                "freed_bytes": self.used_memory_before - self.used_memory_after}
+        out = {"tasks_seen": self.tasks_seen, "expiring": len(self.expiring), "deleted": len(self.deleted),
+               "index_dropped": len(self.index_dropped), "dirs_pruned": self.dirs_pruned,
+               "used_memory_before": self.used_memory_before, "used_memory_after": self.used_memory_after,
+               "freed_bytes": self.used_memory_before - self.used_memory_after}
+        if self.gateway_used_memory_before is not None and self.gateway_used_memory_after is not None:
+            out.update({"gateway_used_memory_before": self.gateway_used_memory_before,
+                        "gateway_used_memory_after": self.gateway_used_memory_after,
+                        "gateway_freed_bytes": self.gateway_used_memory_before - self.gateway_used_memory_after})
+        return out
+
+
+def _used_memory(r: redis.Redis) -> int:
+    return int(r.info("memory").get("used_memory", 0))
 
 
 def gc(r: redis.Redis, keys: Keys, *, retention: float, older_than: float, delete: bool = False,
-       sessions_dir: str | None = None, dry_run: bool = False, now: float | None = None) -> GcReport:
+       sessions_dir: str | None = None, dry_run: bool = False, now: float | None = None,
+       gw: redis.Redis | None = None) -> GcReport:
     """Finished tasks created more than `older_than` seconds ago get the retention TTL (or are
-    deleted now with `delete`); tasks whose keys expired leave the index and the disk."""
+    deleted now with `delete`); tasks whose keys expired leave the index and the disk. `gw`: the
+    gateway's Redis when it is not the pipeline's."""
     now = now or time.time()
-    report = GcReport(used_memory_before=int(r.info("memory").get("used_memory", 0)))
+    split = gw is not None and gw is not r
+    report = GcReport(used_memory_before=_used_memory(r),
+                      gateway_used_memory_before=_used_memory(gw) if split else None)  # type: ignore[arg-type]
     gone_tasks: list[str] = []
     for raw, created in r.zscan_iter(keys.task_index(), count=1000):
         task_id = raw.decode()
@@ -123,11 +167,11 @@ def gc(r: redis.Redis, keys: Keys, *, retention: float, older_than: float, delet
             report.deleted.append(task_id)
             gone_tasks.append(task_id)
             if not dry_run:
-                expire_task(r, keys, task_id, 0)
+                expire_task(r, keys, task_id, 0, gw)
         elif r.ttl(keys.task(task_id)) < 0:  # not expiring yet
             report.expiring.append(task_id)
             if not dry_run:
-                expire_task(r, keys, task_id, retention)
+                expire_task(r, keys, task_id, retention, gw)
     if not dry_run:
         if gone_tasks:  # out of the task index and the trainers' group queue
             r.zrem(keys.task_index(), *gone_tasks)
@@ -135,7 +179,9 @@ def gc(r: redis.Redis, keys: Keys, *, retention: float, older_than: float, delet
             r.zrem(keys.groups_leased(), *gone_tasks)
         if sessions_dir:
             report.dirs_pruned = prune_task_dirs(Path(sessions_dir), gone_tasks)
-    report.used_memory_after = int(r.info("memory").get("used_memory", 0))
+    report.used_memory_after = _used_memory(r)
+    if split:
+        report.gateway_used_memory_after = _used_memory(gw)  # type: ignore[arg-type]
     return report
 
 

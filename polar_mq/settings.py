@@ -117,6 +117,9 @@ class PipelineSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     gateway_url: str = "http://127.0.0.1:8600"
     gateway_token: str | None = None  # the gateway's admin token, if it has one
+    # The gateway's Redis when it is not the pipeline's (POLAR_GATEWAY_REDIS_URL): retention
+    # expires the gateway sessions' records there. None: one Redis holds both.
+    gateway_redis_url: str | None = None
     api_token: str | None = None  # rollout API bearer token (POLAR_API_TOKEN)
     ready_capacity: int = 8  # READY buffer: sessions prepared but not yet running
     lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
@@ -147,6 +150,7 @@ class PipelineSettings:
         s = cls()
         s.redis_url = env.get("POLAR_REDIS_URL") or s.redis_url
         s.gateway_url = env.get("POLAR_GATEWAY_URL") or s.gateway_url
+        s.gateway_redis_url = env.get("POLAR_GATEWAY_REDIS_URL") or None
         from .tokens import server_token  # the env variables, else the token file
 
         s.gateway_token = server_token("gateway", create=False)

@@ -1,8 +1,9 @@
 """Retention for weeks-long runs: a finished task's keys expire after its results are exported,
 `polar-mq gc` expires (or deletes) finished tasks nobody exported, /metrics shows Redis memory.
 
-One Redis for the pipeline and its gateway, as `polar-mq up` and the compose file run them;
-real gateway, API, Celery workers and redis-server processes.
+One Redis for the pipeline and its gateway, as `polar-mq up` and the compose file run them, and
+a gateway with a Redis of its own (POLAR_GATEWAY_REDIS_URL, `gc --gateway-redis`); real gateway,
+API, Celery workers and redis-server processes.
 """
 
 from __future__ import annotations
@@ -128,3 +129,56 @@ def test_trainer_ack_starts_the_retention_too(env):
     assert resp.status_code == 200, resp.text
     after = ttls(r, tid)
     assert any(":group:" in k for k in after) and all(4000 < t <= 5000 for t in after.values()), after
+
+
+# --- the gateway with a Redis of its own ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def split_env(log_dir, model_server, tmp_path_factory):
+    """Pipeline and API on one Redis, the gateway on another (POLAR_GATEWAY_REDIS_URL)."""
+    pipeline_redis, gateway_redis = start_embedded(), start_embedded()
+    gw = start_gateway(log_dir, gateway_redis.url, [model_server], name="gw-retention-split")
+    gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=gateway_redis.url, server=gw)
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention-split"), redis_server=_Shared(pipeline_redis),
+                      POLAR_RETENTION_SECONDS="5000", POLAR_GATEWAY_REDIS_URL=gateway_redis.url)
+    for stage in ("init", "run", "postrun"):
+        p.start_worker(stage, 1)
+    port = free_port()
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", pipeline_redis.url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-retention-split-{port}", env={**p.env, "POLAR_API_TOKEN": ""})
+    yield (p, f"http://127.0.0.1:{port}", redis.Redis.from_url(pipeline_redis.url),
+           redis.Redis.from_url(gateway_redis.url))
+    stop(api.proc)
+    p.stop()
+    stop(gw.proc)
+    pipeline_redis.stop()
+    gateway_redis.stop()
+
+
+def test_retention_and_gc_reach_the_gateways_own_redis(split_env):
+    p, api, r, g = split_env
+    keys = Keys()
+    tid, recs = run_task(p, 2)
+    here, there = retention.owned_keys(r, keys, tid, g)
+    gw_sids = [rec.gateway_session_id for rec in recs]
+    assert all(keys.calls(s) in there and keys.call_chunks(s) in there for s in gw_sids), there
+    assert not any(":gw:" in k for k in here) and not any(r.exists(keys.calls(s)) for s in gw_sids)
+    assert all(t == -1 for k in there for t in [g.ttl(k)])
+    # export through the API: both servers' keys get the retention
+    assert requests.get(f"{api}/v1/tasks/{tid}/results", headers=AUTH, timeout=10).status_code == 200
+    assert all(4000 < r.ttl(k) <= 5000 for k in here)
+    assert all(4000 < g.ttl(k) <= 5000 for k in there), {k: g.ttl(k) for k in there}
+    text = requests.get(f"{api}/metrics", headers=AUTH, timeout=10).text
+    assert 'polar_mq_gateway_redis_memory_bytes{kind="used"}' in text
+
+    # gc --delete with both URLs removes the gateway's records too, and reports both servers
+    tid2, recs2 = run_task(p, 1)
+    _, there2 = retention.owned_keys(r, keys, tid2, g)
+    assert there2
+    out = json.loads(subprocess.run(
+        [sys.executable, "-m", "polar_mq.cli", "gc", "--redis", p.redis_url, "--gateway-redis",
+         p.env["POLAR_GATEWAY_REDIS_URL"], "--older-than", "0", "--delete"],
+        capture_output=True, text=True, cwd=ROOT, check=True, env={**p.env}).stdout)
+    assert out["deleted"] >= 2 and "gateway_freed_bytes" in out
+    assert not any(g.exists(k) for k in there2)
+    assert retention.task_keys(r, keys, tid2, g) == []

@@ -23,10 +23,25 @@ class ApiContext:
     store: PipelineStore
     _celery: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _gateway_redis: redis.Redis | None = None
 
     @property
     def keys(self) -> Keys:
         return self.store.keys
+
+    @property
+    def gateway_redis(self) -> redis.Redis | None:
+        """The gateway's own Redis (settings.gateway_redis_url), or None when it shares ours."""
+        url = self.settings.gateway_redis_url
+        if not url or url == self.settings.redis_url:
+            return None
+        if self._gateway_redis is None:
+            with self._lock:
+                if self._gateway_redis is None:
+                    from ..store import connect
+
+                    self._gateway_redis = connect(url)
+        return self._gateway_redis
 
     @property
     def celery(self) -> Any:

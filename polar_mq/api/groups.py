@@ -124,7 +124,7 @@ def ack(task_id: str) -> Response:
         raise Problem(409, f"task {task_id!r} is not finished ({done} of {len(records)} sessions terminal); "
                       "only a finished group can be acked", kind="group-not-finished", task_id=task_id)
     # Acked: the finished task's Redis data expires after the retention (retention.py).
-    retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds)
+    retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds, gw=c.gateway_redis)
     return jsonify({"task_id": task_id, "acked": True, "already_acked": result == 0})
 
 

@@ -93,6 +93,10 @@ def metrics() -> Response:
     metric("polar_mq_redis_memory_bytes", "gauge", "Redis memory (INFO memory): used, rss, peak, dataset, maxmemory",
            [(f'{{kind="{k.removeprefix("used_memory_") if k != "used_memory" else "used"}"}}', v)
             for k, v in mem.items()])
+    if c.gateway_redis is not None:  # the gateway keeps its records in a Redis of its own
+        metric("polar_mq_gateway_redis_memory_bytes", "gauge", "the gateway's own Redis (INFO memory)",
+               [(f'{{kind="{k.removeprefix("used_memory_") if k != "used_memory" else "used"}"}}', v)
+                for k, v in retention.memory(c.gateway_redis).items()])
     lines.extend(histograms.render_all(c.redis, c.keys))
     return Response("\n".join(lines) + "\n", mimetype="text/plain",
                     headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

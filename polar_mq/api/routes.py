@@ -168,7 +168,7 @@ def task_results(task_id: str) -> Response:
             trajectories.append(traj.to_dict())
     if records and all(states.is_terminal(r.state) for r in records):
         # Exported: the finished task's Redis data expires after the retention (retention.py).
-        retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds)
+        retention.mark_exported(c.redis, c.keys, task_id, c.settings.retention_seconds, gw=c.gateway_redis)
     return jsonify({
         "task_id": task_id,
         "state": views.overall_state(records),
