@@ -7,32 +7,25 @@ into output items, non-streaming or as the typed, sequence-numbered event stream
 
 We are stateless: `previous_response_id` / `conversation` are refused (clients with `store: false`,
 like Codex, always resend the whole history). Reasoning is handed back inside `encrypted_content`
-as our own readable token, so the exact reasoning text returns upstream on the next turn.
+as our own readable token (reasoning.py), so the exact reasoning text returns upstream on the next
+turn.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import time
 import uuid
 from typing import Any, Iterator
 
-from .base import (
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamEvent,
-    StreamTranslator,
-    dump_arguments,
-    invalid,
-    optional,
-    parse_arguments,
-    replay,
-    require,
-    sse,
-)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, dump_arguments,
+                   invalid, optional, parse_arguments, replayed, require, sse)
+# The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
+from .base import (count_request_body as count_request_body, stream_content_type as stream_content_type,
+                   stream_ping as stream_ping)
+from .openai_errors import error_object
+from .openai_errors import error_response as error_response
+from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "openai_responses"
 
@@ -52,47 +45,6 @@ SERVER_ITEM_TYPES = {
 }
 STATELESS_FIELDS = ("previous_response_id", "conversation", "prompt")
 MESSAGE_ROLES = {"user", "assistant", "system", "developer"}
-
-# Our reasoning token: prefix + base64url(JSON {"reasoning": text}). Readable by us only by
-# convention; clients treat it as opaque and send it back verbatim.
-ENC_PREFIX = "polar.r1."
-
-ERROR_TYPES = {
-    "invalid_request": ("invalid_request_error", None),
-    "authentication": ("authentication_error", "invalid_api_key"),
-    "permission": ("permission_error", None),
-    "not_found": ("not_found_error", None),
-    "too_large": ("invalid_request_error", "request_too_large"),
-    "context_length": ("invalid_request_error", "context_length_exceeded"),
-    "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
-    "upstream_error": ("server_error", "server_error"),
-    "upstream_unavailable": ("server_error", "server_error"),
-    "store_unavailable": ("server_error", "server_error"),
-    "upstream_timeout": ("server_error", "server_error"),
-    "internal": ("server_error", "server_error"),
-}
-
-
-# ------------------------------------------------------------------ reasoning token
-
-
-def encode_reasoning(text: str) -> str:
-    """Wrap reasoning text so it survives a round trip through a client as `encrypted_content`."""
-    raw = json.dumps({"reasoning": text}, ensure_ascii=False).encode()
-    return ENC_PREFIX + base64.urlsafe_b64encode(raw).decode()
-
-
-def decode_reasoning(token: Any) -> str | None:
-    """The reasoning text inside one of our tokens; None for anyone else's (e.g. OpenAI's)."""
-    if not isinstance(token, str) or not token.startswith(ENC_PREFIX):
-        return None
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token[len(ENC_PREFIX):].encode()))
-    except (binascii.Error, ValueError):
-        return None
-    text = data.get("reasoning") if isinstance(data, dict) else None
-    return text if isinstance(text, str) else None
-
 
 # ------------------------------------------------------------------ request side
 
@@ -691,9 +643,7 @@ class ResponsesTranslator(StreamTranslator):
         if self.item["type"] == "function_call":
             yield self.state.event("response.function_call_arguments.delta", **self._ids(), delta=event.text)
 
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        result = event.result
-        assert result is not None
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         incomplete = result.finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
         if not self.saw_message and not self.saw_call:  # the client must see a turn, even empty
@@ -707,29 +657,14 @@ class ResponsesTranslator(StreamTranslator):
         return stream_error(err, self.req)
 
 
-def stream_translator(req: ChatRequest) -> ResponsesTranslator:
-    return ResponsesTranslator(req)
-
-
-def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """The answer as the Responses event stream, ending in response.completed (also for a
-    length-truncated answer, whose response says status incomplete: clients treat a stream
-    without response.completed as a failure and retry). Synthetic streams: the translator, replayed."""
-    return ResponsesTranslator(req).feed_all(replay(result))
+stream_translator = ResponsesTranslator
+# The answer as the Responses event stream, ending in response.completed (also for a
+# length-truncated answer, whose response says status incomplete: clients treat a stream without
+# response.completed as a failure and retry). Synthetic streams: the translator, replayed.
+stream_events = replayed(ResponsesTranslator)
 
 
 # ------------------------------------------------------------------ errors and count_tokens
-
-
-def _error_object(err: GatewayError) -> dict[str, Any]:
-    typ, code = ERROR_TYPES.get(err.kind, ("server_error", "server_error"))
-    return {"message": err.message, "type": typ, "param": err.detail.get("param"),
-            "code": err.detail.get("code") or code}
-
-
-def error_response(err: GatewayError) -> tuple[int, dict[str, Any]]:
-    """An HTTP error in OpenAI's shape: {"error": {message, type, param, code}}."""
-    return err.status, {"error": _error_object(err)}
 
 
 def error_in_stream(err: GatewayError) -> bool:
@@ -744,7 +679,7 @@ def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
     response.error, which Codex, opencode and pi read."""
     state = _Stream.of(req)
     yield from state.start()
-    error = _error_object(err)
+    error = error_object(err)
     code = error["code"] if err.kind in ("context_length", "rate_limit") else "server_error"
     if err.kind == "invalid_request":
         code = "invalid_prompt"
