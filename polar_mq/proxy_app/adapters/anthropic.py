@@ -559,7 +559,7 @@ class MessagesTranslator(StreamTranslator):
 
     def on_start(self, event: StreamEvent) -> Iterator[bytes]:
         tail = re.sub(r"[^A-Za-z0-9]", "", event.id or "") or uuid.uuid4().hex
-        start = {"id": f"msg_{tail}", "type": "message", "role": "assistant", "model": self.req.model,
+        start: dict[str, Any] = {"id": f"msg_{tail}", "type": "message", "role": "assistant", "model": self.req.model,
                  "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": event.prompt_tokens, "output_tokens": 0,
                            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
 
 
 # Error kinds and the HTTP status they carry unless a provider says otherwise.
@@ -235,7 +235,18 @@ def dump_arguments(arguments: Any) -> str:
     return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
-def checked(value: Any, label: str, typ: type | tuple[type, ...]) -> Any:
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+_Types = Union[type, tuple[type, ...]]
+
+
+@overload
+def checked(value: Any, label: str, typ: type[_T]) -> _T | None: ...
+@overload
+def checked(value: Any, label: str, typ: tuple[type[_T], type[_U]]) -> _T | _U | None: ...
+@overload
+def checked(value: Any, label: str, typ: tuple[type, ...]) -> Any: ...
+def checked(value: Any, label: str, typ: _Types) -> Any:
     """`value` when it is of type `typ` (None stays None; a bool never passes for a number),
     else a 400 that names the field `label`."""
     if value is None:
@@ -245,23 +256,33 @@ def checked(value: Any, label: str, typ: type | tuple[type, ...]) -> Any:
     return value
 
 
-def require(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
+@overload
+def require(body: dict[str, Any], name: str, typ: type[_T], where: str = "") -> _T: ...
+@overload
+def require(body: dict[str, Any], name: str, typ: tuple[type[_T], type[_U]], where: str = "") -> _T | _U: ...
+def require(body: dict[str, Any], name: str, typ: Any, where: str = "") -> Any:
     """Fetch a required field, raising a 400 that names it when missing or of the wrong type."""
     if body.get(name) is None:
         raise invalid(f"missing required field '{where}{name}'")
     return checked(body[name], f"{where}{name}", typ)
 
 
-def optional(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
+@overload
+def optional(body: dict[str, Any], name: str, typ: type[_T], where: str = "") -> _T | None: ...
+@overload
+def optional(body: dict[str, Any], name: str, typ: tuple[type[_T], type[_U]], where: str = "") -> _T | _U | None: ...
+@overload
+def optional(body: dict[str, Any], name: str, typ: tuple[type, ...], where: str = "") -> Any: ...
+def optional(body: dict[str, Any], name: str, typ: Any, where: str = "") -> Any:
     """Fetch an optional field (None when absent), 400 naming it when of the wrong type."""
     return checked(body.get(name), f"{where}{name}", typ)
 
 
-def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
+def _as_tuple(typ: _Types) -> tuple[type, ...]:
     return typ if isinstance(typ, tuple) else (typ,)
 
 
-def _type_name(typ: type | tuple[type, ...]) -> str:
+def _type_name(typ: _Types) -> str:
     names = {dict: "an object", list: "an array", str: "a string", int: "an integer",
              float: "a number", bool: "a boolean"}
     return " or ".join(names.get(t, t.__name__) for t in _as_tuple(typ))

@@ -90,7 +90,7 @@ def _typed(obj: dict[str, Any], name: str, typ: type | tuple[type, ...], where: 
 
 
 def _number(obj: dict[str, Any], name: str, where: str) -> float | int | None:
-    return _typed(obj, name, (int, float), where)
+    return checked(_get(obj, name), f"{where}{name}", (int, float))
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,13 +172,15 @@ def _declaration_schema(decl: dict[str, Any], where: str) -> dict[str, Any]:
     if raw is not None:
         if not isinstance(raw, dict):
             raise invalid(f"field '{where}parametersJsonSchema' must be an object")
-        return lower_openapi_types(raw)
+        schema: dict[str, Any] = lower_openapi_types(raw)
+        return schema
     params = _get(decl, "parameters")
     if params is None:
         return {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise invalid(f"field '{where}parameters' must be an object")
-    return openapi_to_json_schema(params)
+    converted: dict[str, Any] = openapi_to_json_schema(params)
+    return converted
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,7 +586,10 @@ def _response_format(config: dict[str, Any], where: str, notes: list[str]) -> di
 # Response: OpenAI chat -> Gemini
 # --------------------------------------------------------------------------------------------
 
-def _response_parts(result: ChatResult, req: ChatRequest) -> tuple[list[dict], list[dict], list[dict]]:
+_Parts = list[dict[str, Any]]
+
+
+def _response_parts(result: ChatResult, req: ChatRequest) -> tuple[_Parts, _Parts, _Parts]:
     """(thought parts, text parts, functionCall parts) of the answer, signature attached."""
     reasoning = result.reasoning
     thoughts = [{"text": reasoning, "thought": True}] if reasoning and req.extra.get(

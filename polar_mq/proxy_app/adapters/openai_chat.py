@@ -20,7 +20,7 @@ from .openai_errors import error_response as error_response
 PROVIDER = "openai_chat"
 
 # Parameters passed upstream unchanged (vLLM accepts all of them).
-_PASS_PARAMS = {
+_PASS_PARAMS: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_p": (int, float), "top_k": int, "min_p": (int, float),
     "seed": int, "presence_penalty": (int, float), "frequency_penalty": (int, float),
     "repetition_penalty": (int, float), "logit_bias": dict, "response_format": dict,

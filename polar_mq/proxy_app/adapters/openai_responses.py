@@ -200,8 +200,8 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str | None:
         return text
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = optional(item, key, list, f"{where}.")
-        texts = [p.get("text") for p in parts or [] if isinstance(p, dict) and p.get("type") == part_type]
-        texts = [t for t in texts if isinstance(t, str)]
+        texts = [p["text"] for p in parts or [] if isinstance(p, dict) and p.get("type") == part_type
+                 and isinstance(p.get("text"), str)]
         if texts:
             return "\n\n".join(texts)
     return None
@@ -216,8 +216,7 @@ def _content(value: Any, where: str) -> Any:
         return ""
     if not isinstance(value, list):
         raise invalid(f"field '{where}' must be a string or an array, got {type(value).__name__}")
-    parts = [_part(p, f"{where}[{j}]") for j, p in enumerate(value)]
-    parts = [p for p in parts if p is not None]
+    parts = [part for j, p in enumerate(value) if (part := _part(p, f"{where}[{j}]")) is not None]
     if len(parts) == 1 and parts[0]["type"] == "text":
         return parts[0]["text"]
     return parts
@@ -300,7 +299,7 @@ def _custom_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
     """A free-form (e.g. grammar-constrained apply_patch) tool as a function taking `input`.
     The grammar goes into the description: the model has no other way to learn the format."""
     name = require(tool, "name", str, f"{where}.")
-    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    description = tool["description"] if isinstance(tool.get("description"), str) else ""
     fmt = optional(tool, "format", dict, f"{where}.") or {}
     if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
         syntax = fmt.get("syntax") or "grammar"
@@ -396,7 +395,7 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:
     """Request fields a Response object repeats back (the SDK types require some of them)."""
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
     return {
         "instructions": body.get("instructions") if isinstance(body.get("instructions"), (str, list)) else None,
         "max_output_tokens": body.get("max_output_tokens"),
@@ -455,7 +454,7 @@ def _custom_input(arguments: str) -> str:
     """The free-form input of a custom tool call: the `input` argument, else the raw arguments."""
     parsed = parse_arguments(arguments)
     if isinstance(parsed, dict) and isinstance(parsed.get("input"), str):
-        return parsed["input"]
+        return str(parsed["input"])
     return arguments
 
 
@@ -572,7 +571,7 @@ class ResponsesTranslator(StreamTranslator):
         text = "".join(self.buffer)
         kind = item["type"]
         if kind == "reasoning":
-            part = {"type": "summary_text", "text": text}
+            part: dict[str, Any] = {"type": "summary_text", "text": text}
             item.update(summary=[part], encrypted_content=encode_reasoning(text))
             yield self.state.event("response.reasoning_summary_text.done", **ids, summary_index=0, text=text)
             yield self.state.event("response.reasoning_summary_part.done", **ids, summary_index=0, part=part)
