@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench clean
+.PHONY: demo test typecheck bench clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(VENV)/.installed
 # pytest exits 5 when no test ran; make fails on any non-zero exit, so that fails too.
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# mypy.ini says what is checked how (strict on the pure packages: model, adapters, merge, ...).
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_gateway.py

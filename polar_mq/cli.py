@@ -207,12 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.set_defaults(func=_harness)
     from .top import add_command as add_top
     add_top(sub)
-    try:
-        from . import client_cli
-    except ImportError:
-        client_cli = None  # type: ignore[assignment]
-    if client_cli is not None and hasattr(client_cli, "add_commands"):
-        client_cli.add_commands(sub)
+    from . import client_cli
+    client_cli.add_commands(sub)
     return parser
 
 

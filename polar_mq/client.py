@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import requests
 
+from . import model
+
 if TYPE_CHECKING:  # pragma: no cover
     from .group_stream import GroupStream
 
 DEFAULT_URL = "http://127.0.0.1:8700"
-TERMINAL_STATES = frozenset({"COMPLETED", "ERROR", "TIMEOUT"})
+TERMINAL_STATES = frozenset(model.TERMINAL_STATES)
 
 
 class ApiError(Exception):

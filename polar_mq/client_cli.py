@@ -10,9 +10,11 @@ import json
 import sys
 from typing import Any
 
-STATE_ORDER = ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING",
-               "COMPLETED", "ERROR", "TIMEOUT")
-STATE_STYLE = {"COMPLETED": "green", "ERROR": "red", "TIMEOUT": "yellow", "RUNNING": "cyan"}
+from .model import SessionState
+
+STATE_ORDER = tuple(SessionState)
+STATE_STYLE = {SessionState.COMPLETED: "green", SessionState.ERROR: "red", SessionState.TIMEOUT: "yellow",
+               SessionState.RUNNING: "cyan"}
 
 
 def _client(args: argparse.Namespace):
@@ -149,7 +151,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(json.dumps(final))
     else:
         Console().print(summary_table(final))
-    return 1 if (final.get("counts") or {}).get("ERROR") else 0
+    return 1 if (final.get("counts") or {}).get(SessionState.ERROR) else 0
 
 
 # --- status / cancel ---------------------------------------------------------------------------
@@ -227,7 +229,7 @@ def _default_results_dir() -> str:
     return os.environ.get("POLAR_RESULTS_DIR") or PipelineSettings.results_dir
 
 
-def _sft_counts(task_id: str, trajs: list[Any], verdicts: dict[str, str], sft_file: str | None) -> str:
+def _sft_counts(task_id: str, trajs: list[Any], verdicts: dict[str, Any], sft_file: str | None) -> str:
     """The offline-SFT summary line: the stats file's counts when it is here, else computed."""
     from pathlib import Path
 

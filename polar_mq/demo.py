@@ -14,6 +14,7 @@ from typing import Any, Callable
 import requests
 
 from .embedded_redis import free_port
+from .model import SessionState
 
 WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
                 "required": ["path", "content"]}
@@ -131,7 +132,8 @@ def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
             "runtime": {"backend": "local"}, "builder": {"strategy": "prefix_merging"},
             "grader": {"strategy": "completion"}, "metadata": {"group_id": "demo"}}
     sub = client.submit(task)
-    states = ("REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "COMPLETED", "ERROR", "TIMEOUT")
+    # BUILDING and EVALUATING count as POST_RUN: postrun is one bar
+    states = [st for st in SessionState if st not in (SessionState.BUILDING, SessionState.EVALUATING)]
     with Progress(TextColumn("{task.description:>12}"), BarColumn(), TextColumn("{task.completed:.0f}"),
                   console=console, transient=True) as progress:
         bars = {st: progress.add_task(st, total=task["num_samples"]) for st in states}
@@ -139,7 +141,7 @@ def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
         def update(status: dict[str, Any]) -> None:
             counts = {st: 0 for st in states}
             for sess in status["sessions"]:
-                counts[sess["state"] if sess["state"] in counts else "POST_RUN"] += 1
+                counts[sess["state"] if sess["state"] in counts else SessionState.POST_RUN] += 1
             for st, bar in bars.items():
                 progress.update(bar, completed=counts[st])
 
@@ -170,7 +172,7 @@ def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
     rows = write_jsonl(token_rows(results), out)
     console.print(f"results: {rows} trace rows written to [bold]{out}[/] "
                   f"(also: polar-mq results {sub['task_id']} --format parquet --out FILE)")
-    return sum(1 for s in status["sessions"] if s["state"] != "COMPLETED")
+    return sum(1 for s in status["sessions"] if s["state"] != SessionState.COMPLETED)
 
 
 def main() -> int:

@@ -9,20 +9,52 @@ else (no pydantic on the hot path). Field names follow ../shared/CONTRACT.md.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 (setup.py's floor): the same behaviour, spelled out
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
 T = TypeVar("T", bound="Record")
 
+# The provider APIs the gateway serves; also the keys of its adapter registry
+# (proxy_app/adapters/registry.py) and the `provider` of every CaptureRecord.
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "gemini")
+
+
+class SessionState(StrEnum):
+    """Where a rollout session is. Members are strings ("READY" == SessionState.READY), so they
+    go to Redis, JSON and msgpack as they are; which state may follow which is states.py's."""
+
+    REGISTERED = "REGISTERED"
+    INITIALIZING = "INITIALIZING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    POST_RUN = "POST_RUN"
+    BUILDING = "BUILDING"
+    EVALUATING = "EVALUATING"
+    COMPLETED = "COMPLETED"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+
+
+# The states a session ends in; also a trajectory's `status` and a session's `outcome`.
+TERMINAL_STATES = (SessionState.COMPLETED, SessionState.ERROR, SessionState.TIMEOUT)
 
 
 class Record:
     """Mixin: lossless dict conversion that tolerates unknown keys (forward compatibility)."""
 
-    _nested: ClassVar[dict[str, type]] = {}
+    _nested: ClassVar[dict[str, type[Record]]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -115,7 +147,7 @@ class Trajectory(Record):
 
     session_id: str
     task_id: str | None = None
-    status: str = "COMPLETED"  # COMPLETED | ERROR | TIMEOUT
+    status: str = SessionState.COMPLETED  # one of TERMINAL_STATES
     builder: str = "per_request"
     traces: list[Trace] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -143,7 +175,7 @@ class SessionRecord(Record):
     session_id: str
     task_id: str
     index: int = 0
-    state: str = "REGISTERED"
+    state: str = SessionState.REGISTERED
     attempt: int = 0  # bumped whenever a stage is taken over after a worker died
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
@@ -157,7 +189,7 @@ class SessionRecord(Record):
     workdir: str | None = None
     runtime: dict[str, Any] = field(default_factory=dict)  # backend handle (container id, pid...)
     exit_code: int | None = None
-    outcome: str | None = None  # COMPLETED | ERROR | TIMEOUT decided by the run stage
+    outcome: str | None = None  # one of TERMINAL_STATES, decided by the run stage
     reward: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     history: list[list[Any]] = field(default_factory=list)  # [state, unix time, node]
@@ -198,4 +230,4 @@ class Group(Record):
 
     @property
     def rewards(self) -> list[float | None]:
-        return [t.reward if t.status != "ERROR" else None for t in self.trajectories]
+        return [t.reward if t.status != SessionState.ERROR else None for t in self.trajectories]

@@ -37,7 +37,8 @@ Chunks = dict[bytes, bytes]  # digest -> stored (maybe compressed) bytes
 
 
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
 
 
 def _unpack(blob: bytes) -> Any:

@@ -9,7 +9,7 @@ caps them (a harness asking for less keeps its smaller limit). The record keeps 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")
 
@@ -25,7 +25,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _integer(value: Any) -> bool:
+def _integer(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -55,10 +55,11 @@ def validate(policy: Any, where: str = "agent.sampling") -> dict[str, Any]:
         if name == "seed" and not _integer(value):
             raise PolicyError(label, "must be an integer")
         if name == "stop":
-            if isinstance(value, str):
-                value = [value]
-            if not (isinstance(value, list) and all(isinstance(s, str) and s for s in value)):
+            stops = [value] if isinstance(value, str) else value
+            if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
                 raise PolicyError(label, "must be a string or a list of non-empty strings")
+            out[name] = stops
+            continue
         out[name] = float(value) if name in ("temperature", "top_p") else value
     return out
 

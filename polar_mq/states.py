@@ -7,18 +7,21 @@ backwards or finish it twice.
 
 from __future__ import annotations
 
-REGISTERED = "REGISTERED"
-INITIALIZING = "INITIALIZING"
-READY = "READY"
-RUNNING = "RUNNING"
-POST_RUN = "POST_RUN"
-BUILDING = "BUILDING"
-EVALUATING = "EVALUATING"
-COMPLETED = "COMPLETED"
-ERROR = "ERROR"
-TIMEOUT = "TIMEOUT"
+from .model import TERMINAL_STATES, SessionState
 
-TERMINAL = frozenset({COMPLETED, ERROR, TIMEOUT})
+# The states by the names the stages use (members of model.SessionState, which lists them).
+REGISTERED = SessionState.REGISTERED
+INITIALIZING = SessionState.INITIALIZING
+READY = SessionState.READY
+RUNNING = SessionState.RUNNING
+POST_RUN = SessionState.POST_RUN
+BUILDING = SessionState.BUILDING
+EVALUATING = SessionState.EVALUATING
+COMPLETED = SessionState.COMPLETED
+ERROR = SessionState.ERROR
+TIMEOUT = SessionState.TIMEOUT
+
+TERMINAL = frozenset(TERMINAL_STATES)
 ORDER = (REGISTERED, INITIALIZING, READY, RUNNING, POST_RUN, BUILDING, EVALUATING)
 
 ALLOWED: dict[str, frozenset[str]] = {

@@ -72,6 +72,11 @@ class Keys:
     def task_cancelled(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}:cancelled"
 
+    def task_enqueued(self, task_id: str) -> str:
+        """Set once every init message of a task was handed to the broker (a resubmit finishes
+        enqueueing a task whose marker is missing)."""
+        return f"{self.prefix}:task:{task_id}:enqueued"
+
     def task_index(self) -> str:
         return f"{self.prefix}:tasks"
 
@@ -110,7 +115,7 @@ class Keys:
     def task_keys(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.task_sessions(task_id), self.task_cancelled(task_id),
                 self.callbacks_done(task_id), self.task_exported(task_id), self.task_terminal(task_id),
-                self.group(task_id), self.task_callbacks(task_id)]
+                self.group(task_id), self.task_callbacks(task_id), self.task_enqueued(task_id)]
 
     def session_keys(self, session_id: str) -> list[str]:
         return [self.session(session_id), self.lease(session_id), self.trajectory(session_id, "result")]

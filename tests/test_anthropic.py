@@ -20,6 +20,8 @@ from anthropic.types.shared import ErrorResponse
 
 from polar_mq.proxy_app.adapters import anthropic as adapter
 from polar_mq.proxy_app.adapters.base import ChatRequest, ChatResult, GatewayError
+from polar_mq.proxy_app.adapters import reasoning as reasoning_token
+from polar_mq.proxy_app.adapters.reasoning import decode_reasoning, encode_reasoning
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake").decode()
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.3fa; cc_entrypoint=sdk-cli; cch=0aaa9;"
@@ -57,7 +59,7 @@ def claude_code_body() -> dict[str, Any]:
                 {"type": "text", "text": "create polar.txt", "cache_control": {"type": "ephemeral"}},
             ]},
             {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "I should write.", "signature": adapter.sign_reasoning("I should write.")},
+                {"type": "thinking", "thinking": "I should write.", "signature": encode_reasoning("I should write.")},
                 {"type": "text", "text": "Writing it."},
                 {"type": "tool_use", "id": "toolu_01A", "name": "Write",
                  "input": {"file_path": "polar.txt", "content": "x"}},
@@ -209,10 +211,10 @@ def test_assistant_server_blocks_and_redacted_thinking_dropped() -> None:
 
 def test_thinking_signature_round_trip() -> None:
     reasoning = "Let me think… about ünïcode and\nnewlines."
-    sig = adapter.sign_reasoning(reasoning)
-    assert adapter.decode_signature(sig) == reasoning
-    assert adapter.decode_signature("EqQBCkgIARABGAIiQL") is None
-    assert adapter.decode_signature(adapter.SIGNATURE_PREFIX + "!!notbase64") is None
+    sig = encode_reasoning(reasoning)
+    assert decode_reasoning(sig) == reasoning
+    assert decode_reasoning("EqQBCkgIARABGAIiQL") is None
+    assert decode_reasoning(reasoning_token.LEGACY_ANTHROPIC_PREFIX + "!!notbase64") is None
 
     def assistant(thinking: str, signature: str) -> dict[str, Any]:
         req = adapter.to_chat(body(messages=[
@@ -351,7 +353,7 @@ def test_response_blocks_order_and_sdk_validation() -> None:
     assert msg.id.startswith("msg_") and msg.model == "claude-opus-4-1"
     assert [b.type for b in msg.content] == ["thinking", "text", "tool_use", "tool_use", "tool_use"]
     assert msg.content[0].thinking == "think first"
-    assert adapter.decode_signature(msg.content[0].signature) == "think first"
+    assert decode_reasoning(msg.content[0].signature) == "think first"
     assert msg.content[2].id == "call_x" and msg.content[2].input == {"file_path": "polar.txt"}
     generated = [msg.content[3].id, msg.content[4].id]
     assert all(i.startswith("toolu_") for i in generated) and len(set(generated)) == 2

@@ -20,6 +20,7 @@ from google.genai import types
 
 from polar_mq.proxy_app.adapters import gemini
 from polar_mq.proxy_app.adapters.base import ChatRequest, ChatResult, GatewayError
+from polar_mq.proxy_app.adapters.reasoning import decode_reasoning
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,10 +323,11 @@ def test_images_become_image_url_parts():
 
 def test_count_tokens_bodies():
     inner = {"model": "models/m", "contents": [{"parts": [{"text": "hi"}]}]}
-    assert gemini.count_request_body({"generateContentRequest": inner}) is inner
-    assert gemini.count_request_body({"generate_content_request": inner}) is inner
+    assert gemini.count_request_body({"generateContentRequest": inner}) == inner
+    assert gemini.count_request_body({"generate_content_request": inner}) == inner
     plain = {"contents": [{"parts": [{"text": "hi"}]}]}
-    assert gemini.count_request_body(plain) is plain
+    # the model is in the URL: a count body gets a placeholder, so to_chat needs nothing else
+    assert gemini.count_request_body(plain) == {"model": "count", **plain}
     assert gemini.to_chat(gemini.count_request_body({"generateContentRequest": inner})).model == "m"
     assert gemini.count_tokens_response(42) == {"totalTokens": 42}
     assert types.CountTokensResponse.model_validate(gemini.count_tokens_response(42)).total_tokens == 42
@@ -429,8 +431,8 @@ def test_thought_signature_round_trips_reasoning_even_without_thought_parts():
 
 
 def test_foreign_signatures_are_ignored_and_thought_parts_used():
-    assert gemini.decode_signature("skip_thought_signature_validator") is None
-    assert gemini.decode_signature(base64.b64encode(b"google-opaque").decode()) is None
+    assert decode_reasoning("skip_thought_signature_validator") is None
+    assert decode_reasoning(base64.b64encode(b"google-opaque").decode()) is None
     body = {"contents": [{"role": "model", "parts": [
         {"text": "part one, ", "thought": True, "thoughtSignature": "c2lnbmF0dXJl"},
         {"text": "part two", "thought": True}, {"text": "answer"}]}]}
@@ -443,7 +445,7 @@ def test_thoughts_hidden_when_client_turned_them_off_but_signature_still_carried
     body = gemini.from_chat(_result("", reasoning="secret plan"), req)
     parts = body["candidates"][0]["content"]["parts"]
     assert not any(p.get("thought") for p in parts)
-    assert gemini.decode_signature(parts[0]["thoughtSignature"]) == "secret plan"
+    assert decode_reasoning(parts[0]["thoughtSignature"]) == "secret plan"
 
 
 TRICKY = "  Leading spaces,\n\ttabs, émoji 🎉🎉, CRLF\r\n and a long tail " + "x" * 100 + "  "

@@ -17,6 +17,8 @@ from openai.types.responses import Response
 
 from polar_mq.proxy_app.adapters import openai_responses as ad
 from polar_mq.proxy_app.adapters.base import ChatResult, GatewayError
+from polar_mq.proxy_app.adapters import reasoning as reasoning_token
+from polar_mq.proxy_app.adapters.reasoning import decode_reasoning, encode_reasoning
 
 APPLY_PATCH = {
     "type": "custom",
@@ -88,7 +90,7 @@ def test_instructions_as_items_and_developer_role_in_place():
 def test_codex_shaped_body():
     """What Codex sends on its second turn: developer items with ids, store false, encrypted
     reasoning, a function call and a custom (apply_patch) call with their outputs."""
-    reasoning_token = ad.encode_reasoning("I should list files first.")
+    reasoning_token = encode_reasoning("I should list files first.")
     body = {
         "model": "gpt-5-codex", "store": False, "stream": True,
         "include": ["reasoning.encrypted_content"], "tool_choice": "auto", "parallel_tool_calls": False,
@@ -148,7 +150,7 @@ def test_reasoning_message_and_calls_merge_into_one_assistant_turn():
     """A model turn comes back as several items; the upstream must see the one message it made."""
     req = ad.to_chat({"model": "m", "input": [
         {"role": "user", "content": "go"},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": ad.encode_reasoning("r1")},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": encode_reasoning("r1")},
         {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
          "content": [{"type": "output_text", "text": "Working.", "annotations": []}]},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\":1}"},
@@ -196,11 +198,11 @@ def test_reasoning_sources():
 
 def test_encrypted_content_round_trip_is_exact():
     text = "Thinking… with unicode ✓, newlines\n\n and \"quotes\""
-    token = ad.encode_reasoning(text)
-    assert token.startswith(ad.ENC_PREFIX)
-    assert ad.decode_reasoning(token) == text
-    assert ad.decode_reasoning("gAAAAB-openai-token") is None
-    assert ad.decode_reasoning(ad.ENC_PREFIX + "!!!not base64") is None
+    token = encode_reasoning(text)
+    assert token.startswith(reasoning_token.PREFIX)
+    assert decode_reasoning(token) == text
+    assert decode_reasoning("gAAAAB-openai-token") is None
+    assert decode_reasoning(reasoning_token.PREFIX + "!!!not base64") is None
 
 
 def test_content_parts():
@@ -340,7 +342,7 @@ def test_reasoning_item_carries_decodable_encrypted_content():
     reasoning, message = parsed.output
     assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_")
     assert reasoning.summary[0].text == "Let me think."
-    assert ad.decode_reasoning(reasoning.encrypted_content) == "Let me think."
+    assert decode_reasoning(reasoning.encrypted_content) == "Let me think."
     assert message.type == "message"
 
 
@@ -428,7 +430,7 @@ def test_stream_event_order_ids_and_sequence_numbers():
     final = events[-1]["response"]
     assert final["id"] == events[0]["response"]["id"] == req.extra["response_id"]
     assert final["output"] == [done[i] for i in range(4)]
-    assert ad.decode_reasoning(done[0]["encrypted_content"]) == "why not"
+    assert decode_reasoning(done[0]["encrypted_content"]) == "why not"
 
 
 def test_sdk_stream_helper_accepts_our_stream():

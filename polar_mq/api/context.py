@@ -65,10 +65,7 @@ class ApiContext:
 
     def enqueued_key(self, task_id: str) -> str:
         """Marks a task whose init messages were all handed to the broker."""
-        keys = self.keys
-        if hasattr(keys, "task_enqueued"):
-            return keys.task_enqueued(task_id)  # type: ignore[attr-defined]
-        return f"{keys.task(task_id)}:enqueued"
+        return self.keys.task_enqueued(task_id)
 
 
 def ctx() -> ApiContext:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..model import TERMINAL_STATES, SessionState
 from ..taskspec import BACKENDS, BUILDERS, HARNESSES
 
-SESSION_STATES = ["REGISTERED", "INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING",
-                  "COMPLETED", "ERROR", "TIMEOUT"]
+SESSION_STATES = [state.value for state in SessionState]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -155,7 +155,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "session_id": {"type": "string"}, "task_id": {"type": ["string", "null"]},
-            "status": {"enum": ["COMPLETED", "ERROR", "TIMEOUT"]}, "builder": {"type": "string"},
+            "status": {"enum": [state.value for state in TERMINAL_STATES]}, "builder": {"type": "string"},
             "traces": {"type": "array", "items": _ref("Trace")}, "stats": {"type": "object"},
             "reward": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]},
             "metadata": {"type": "object"},

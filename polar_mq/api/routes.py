@@ -12,7 +12,7 @@ from .. import jsonsafe, retention, states
 from ..pipeline_store import Conflict
 from ..taskspec import ValidationError, parse_task
 from ..tasks.celery_app import INIT_TASK
-from ..tasks.stages import finish_early
+from ..tasks.endings import finish_early
 from . import views
 from .context import ctx
 from .problems import Problem, not_found, validation
@@ -191,7 +191,7 @@ def cancel(task_id: str) -> tuple[Response, int]:
     stage_ctx = c.stage_context()
     task = c.store.task_request(task_id)
     for rec in c.store.get_sessions(sids):
-        if rec.state == states.REGISTERED:
+        if rec.state == states.REGISTERED and task is not None:
             finish_early(stage_ctx, rec, task, states.ERROR, "cancelled", expect={states.REGISTERED})
     records = c.store.get_sessions(sids)
     return jsonify({

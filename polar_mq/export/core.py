@@ -147,7 +147,7 @@ def write_jsonl(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str] 
     return n
 
 
-def parquet_schema():
+def parquet_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema([

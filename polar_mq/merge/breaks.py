@@ -10,6 +10,7 @@ call's whole sequence). The kind of break is read from where the tokens diverge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from polar_mq.merge.messages import dialogue_keys, system_text
 from polar_mq.merge.records import Call
@@ -40,7 +41,7 @@ def classify(call: Call, partner: Call, eos_token_id: int | None) -> tuple[str, 
 def _tool_names(call: Call) -> list[str]:
     names = []
     for tool in call.record.tools or []:
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        fn: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
         names.append(str(fn.get("name")))
     return sorted(names)
 
@@ -57,9 +58,9 @@ class BreakFinder:
         self.calls = calls
         self.eos = eos_token_id
         self.min_shared = min_shared_fraction
-        self._keys: dict[tuple[int, bool], list[tuple]] = {}
+        self._keys: dict[tuple[int, bool], list[tuple[Any, ...]]] = {}
 
-    def _dialogue(self, i: int, with_response: bool) -> list[tuple]:
+    def _dialogue(self, i: int, with_response: bool) -> list[tuple[Any, ...]]:
         key = (i, with_response)
         if key not in self._keys:
             self._keys[key] = dialogue_keys(self.calls[i].record, with_response)

@@ -11,6 +11,7 @@ its answer) or a *fork* (another continuation of the same history).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from polar_mq.merge.breaks import classify
 from polar_mq.merge.forest import Forest
@@ -28,7 +29,7 @@ class Chain:
     continues: int | None = None  # chain this one resumes after a break
     role: str = "main"
     role_reason: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def first(self) -> int:
@@ -48,7 +49,12 @@ def _starts_with(seq: list[int], prefix: list[int]) -> bool:
     return len(seq) > len(prefix) and seq[:len(prefix)] == prefix
 
 
-def _label_siblings(forest: Forest, group: list[int], keep: int | None, eos: int | None):
+# (first call, origin, branch call, kept sibling, break kind) of a chain to cut
+_Start = tuple[int, str, "int | None", "int | None", "str | None"]
+
+
+def _label_siblings(forest: Forest, group: list[int], keep: int | None, eos: int | None
+                    ) -> Iterator[tuple[int, str, int | None, str | None]]:
     """Yield (call, origin, repeated sibling, break kind) for every member of a sibling group that
     starts a chain of its own. ``keep`` continues the parent's chain (None for roots, which are
     siblings under an imaginary empty call: each distinct prompt starts its own chain).
@@ -78,7 +84,7 @@ def _label_siblings(forest: Forest, group: list[int], keep: int | None, eos: int
 
 
 def cut_chains(forest: Forest, eos: int | None = None) -> list[Chain]:
-    starts = [(i, o, None, sib, kind) for i, o, sib, kind in
+    starts: list[_Start] = [(i, o, None, sib, kind) for i, o, sib, kind in
               _label_siblings(forest, forest.roots, None, eos)]
     for p, kids in enumerate(forest.children):
         if len(kids) > 1:

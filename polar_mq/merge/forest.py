@@ -9,6 +9,7 @@ conversation, a side call, a sub-agent, or a conversation resumed after a break.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from polar_mq.merge.lineage import recorded_parent
 from polar_mq.merge.records import Call
@@ -29,7 +30,7 @@ class Forest:
     def roots(self) -> list[int]:
         return [c.index for c in self.calls if self.parent[c.index] is None]
 
-    def continuation_key(self, i: int) -> tuple:
+    def continuation_key(self, i: int) -> tuple[Any, ...]:
         """Which branch keeps the chain at a fork or retry: the one the conversation went on
         from (deepest, then largest, then most recent), ties broken by canonical order."""
         return (self.height[i], self.size[i], self.last_start[i], self.tokens[i], i)
@@ -60,9 +61,10 @@ def find_parents(calls: list[Call]) -> list[int | None]:
             parent[call.index] = recorded
             continue
         for _depth, keys in reversed(found):
-            cands = [k for k in keys if len(calls[k].prompt) < len(call.prompt)]  # type: ignore[misc]
+            # the trie's keys here are call indexes (inserted above)
+            cands = [k for k in cast("list[int]", keys) if len(calls[k].prompt) < len(call.prompt)]
             if cands:
-                parent[call.index] = _choose(cands, call)  # type: ignore[arg-type]
+                parent[call.index] = _choose(cands, call)
                 break
     return parent
 

@@ -36,7 +36,7 @@ def tito_stats(records: Iterable[CaptureRecord]) -> dict[str, Any]:
     for rec in records:
         if rec.kind == "generation":
             latest[rec.call_id] = rec
-    reasons: Counter = Counter()
+    reasons: Counter[str] = Counter()
     continued = 0
     for rec in latest.values():
         if rec.tito:

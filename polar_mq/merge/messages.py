@@ -34,14 +34,15 @@ def _text(content: Any) -> str:
 
 def _args(args: Any) -> str:
     if isinstance(args, str):
+        raw = args
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = json.loads(raw) if raw.strip() else {}
         except ValueError:
-            return args.strip()
+            return raw.strip()
     return json.dumps(args, sort_keys=True, separators=(",", ":"))
 
 
-def message_key(message: dict[str, Any]) -> tuple:
+def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     calls = []
     for tc in message.get("tool_calls") or []:
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
@@ -49,7 +50,7 @@ def message_key(message: dict[str, Any]) -> tuple:
     return (message.get("role"), _text(message.get("content")), tuple(calls))
 
 
-def dialogue_keys(rec: CaptureRecord, with_response: bool) -> list[tuple]:
+def dialogue_keys(rec: CaptureRecord, with_response: bool) -> list[tuple[Any, ...]]:
     """Keys of the non-system messages (system prompts carry per-turn header lines that some
     harnesses change), optionally followed by the assistant's answer."""
     keys = [message_key(m) for m in rec.messages or [] if m.get("role") not in SYSTEM_ROLES]

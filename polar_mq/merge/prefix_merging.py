@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable, Mapping
 
 from polar_mq.merge.base import BuildResult
 from polar_mq.merge.breaks import BreakFinder
@@ -111,6 +111,7 @@ def _metadata(chain: Chain, asm: _Assembled, calls: list[Call], conv: Conversati
         "continues_trace": None,
     }
     if chain.origin == "retry" or (chain.origin == "fork" and chain.sibling is not None):
+        assert chain.sibling is not None, "a retry names the sibling it repeats"
         meta["parent_trace"] = chain_of_call[chain.sibling]
         meta["same_prompt_as_call_id"] = calls[chain.sibling].call_id
     elif chain.origin in ("fork", "break") and chain.branch_call is not None:
@@ -157,13 +158,13 @@ class PrefixMergingBuilder:
         return BuildResult(traces, stats)
 
 
-def prep_records(records) -> list[CaptureRecord]:
+def prep_records(records: Iterable[CaptureRecord | Mapping[str, Any]]) -> list[CaptureRecord]:
     return [as_record(r) for r in records]
 
 
 def _merge_stats(chains: list[Chain], convs: list[Conversation], eos: int | None,
                  eos_source: str, eos_inserted: int) -> dict[str, Any]:
-    kinds: Counter = Counter()
+    kinds: Counter[str] = Counter()
     for chain in chains:
         if chain.origin == "fork":
             kinds["fork"] += 1

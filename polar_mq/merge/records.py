@@ -81,15 +81,15 @@ class Prepared:
 
     calls: list[Call]
     records: int
-    skipped: Counter = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
     sampled_tokens: int = 0  # sampled in ok and aborted calls (the delivery denominator)
 
 
-def _canonical_key(rec: CaptureRecord) -> tuple:
+def _canonical_key(rec: CaptureRecord) -> tuple[Any, ...]:
     return (float(rec.started_at or 0.0), str(rec.call_id))
 
 
-def _preference(rec: CaptureRecord) -> tuple:
+def _preference(rec: CaptureRecord) -> tuple[Any, ...]:
     """Among records sharing a call id keep the most complete one, independent of arrival."""
     return (rec.status == "ok", is_aborted(rec), len(rec.completion_token_ids or []),
             len(rec.prompt_token_ids or []), -float(rec.started_at or 0.0))
@@ -99,7 +99,7 @@ def prepare(items: Iterable[CaptureRecord | Mapping[str, Any]],
             session_id: str | None = None) -> Prepared:
     records = [as_record(item, session_id) for item in items]
     best: dict[str, CaptureRecord] = {}
-    skipped: Counter = Counter()
+    skipped: Counter[str] = Counter()
     for rec in records:
         other = best.get(rec.call_id)
         if other is None:

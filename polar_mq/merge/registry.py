@@ -12,14 +12,14 @@ from polar_mq.merge.per_request import PerRequestBuilder
 from polar_mq.merge.prefix_merging import PrefixMergingBuilder
 from polar_mq.merge.records import as_record, prepare
 from polar_mq.merge.stats import base_stats
-from polar_mq.model import CaptureRecord, Trajectory
+from polar_mq.model import TERMINAL_STATES, CaptureRecord, SessionState, Trajectory
 from polar_mq.plugins import import_object
 
 _BUILDERS: dict[str, type] = {
     PerRequestBuilder.name: PerRequestBuilder,
     PrefixMergingBuilder.name: PrefixMergingBuilder,
 }
-STATUSES = ("COMPLETED", "ERROR", "TIMEOUT")
+STATUSES = TERMINAL_STATES
 
 
 def register(name: str, cls: type) -> None:
@@ -66,7 +66,7 @@ def build(
     *,
     session_id: str,
     task_id: str | None = None,
-    status: str = "COMPLETED",
+    status: str = SessionState.COMPLETED,
 ) -> Trajectory:
     """Records (objects or dicts, any order) -> Trajectory. A session that ended in ERROR or
     TIMEOUT still gets every trace its captured calls allow."""

@@ -11,6 +11,7 @@ side calls. The reasons are recorded alongside the label.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from polar_mq.merge.chains import Chain
 from polar_mq.merge.messages import system_text
@@ -29,7 +30,7 @@ class Conversation:
     reasons: list[str] = field(default_factory=list)
     spawned_by: int | None = None  # the main-conversation call running when it started
 
-    def score(self, calls: list[Call]) -> tuple:
+    def score(self, calls: list[Call]) -> tuple[Any, ...]:
         tokens = sum(len(calls[i].completion) for i in self.calls)
         return (len(self.calls), tokens, -self.calls[0])
 

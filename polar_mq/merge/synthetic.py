@@ -32,7 +32,7 @@ class TemplateTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
-    def render(self, messages: list[dict], tools: list[dict] | None = None,
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str: ...
 
 
@@ -78,7 +78,7 @@ class SessionSim:
         self._ids += 1
         return f"{prefix}_{self.session_id}_{self._ids:05d}"
 
-    def _body_ids(self, sent: list[dict], tools: list[dict], reply: dict) -> list[int]:
+    def _body_ids(self, sent: list[dict[str, Any]], tools: list[dict[str, Any]], reply: dict[str, Any]) -> list[int]:
         """The assistant body exactly as the template renders it (minus the end-of-turn text)."""
         before = self.tok.render(sent, tools=tools or None, add_generation_prompt=True)
         after = self.tok.render(sent + [reply], tools=tools or None, add_generation_prompt=False)

@@ -37,7 +37,7 @@ def _system(body: str) -> tuple[str | None, list[dict]]:
 
 
 def _tool_results(body: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for piece in body.split("<tool_response>\n")[1:]:
         content = piece.split("\n</tool_response>", 1)[0]
         out.append({"role": "tool", "tool_call_id": f"call_{len(out)}", "content": content})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 from flask import Flask, Response, request
 
@@ -35,7 +36,7 @@ def _json(body: object, status: int = 200) -> Response:
 
 def _invalid(kind: str, loc: str, msg: str, value: object, **ctx: str) -> Response:
     """vLLM's answer to a request-validation error: its ErrorResponse, 400, `param` = the field."""
-    detail = {"type": kind, "loc": loc, "msg": msg, "input": str(value)}
+    detail: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": str(value)}
     if ctx:
         detail["ctx"] = ctx
     return _json({"error": {"message": f"1 validation error:\n  {detail}", "type": "Bad Request",

@@ -65,7 +65,7 @@ class GatewayMetrics:
         # A private registry (a second app in one process must not clash in the global one). With
         # several processes the values go to files and a scrape collects the directory instead.
         self.registry = CollectorRegistry()
-        reg = {"registry": self.registry}
+        reg: dict[str, Any] = {"registry": self.registry}
         self.latency = Histogram("polar_mq_gateway_call_seconds", "model call latency at the gateway",
                                  ["provider", "stream", "status"], buckets=LATENCY_BUCKETS, **reg)
         self.speed = Histogram("polar_mq_gateway_decode_tokens_per_second",

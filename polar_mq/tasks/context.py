@@ -9,6 +9,8 @@ import time
 
 import requests
 
+from ..merge.records import as_record
+from ..model import CaptureRecord
 from ..pipeline_store import PipelineStore, node_name
 from ..settings import PipelineSettings
 
@@ -62,12 +64,13 @@ class GatewayClient:
         lens = [u.get("max_model_len") for u in ups if isinstance(u.get("max_model_len"), int)]
         return min(lens) if lens else None
 
-    def calls(self, session_id: str) -> list[dict[str, Any]]:
+    def calls(self, session_id: str) -> list[CaptureRecord]:
+        """The session's recorded calls, as records (none for a session the gateway lost)."""
         resp = self.http.get(f"{self.url}/sessions/{session_id}/calls", timeout=60)
         if resp.status_code == 404:
             return []
         resp.raise_for_status()
-        return resp.json()["calls"]
+        return [as_record(call, session_id) for call in resp.json()["calls"]]
 
 
 @dataclass

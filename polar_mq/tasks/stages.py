@@ -26,9 +26,9 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
-from .callbacks import message as callback_message
-from .celery_app import CALLBACK_TASK, POSTRUN_TASK, RUN_TASK
+from .celery_app import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
+from .endings import finish_early, send_callbacks
 from .fencing import FencedStore
 from .janitor import pending_key
 from .lease import Lease, LeaseBusy
@@ -345,7 +345,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
                            error=traj.error, stats={**rec.stats, **traj.stats})
     if rec is None:
         return "skipped"
-    _callbacks(ctx, task, rec, traj)
+    send_callbacks(ctx, task, rec, traj)
     return outcome.lower()
 
 
@@ -357,35 +357,3 @@ def _write_result_file(ctx: StageContext, traj: Trajectory) -> None:
     tmp.replace(out / f"{traj.session_id}.json")
 
 
-def finish_early(ctx: StageContext, rec: SessionRecord, task: TaskRequest, outcome: str, error: str,
-                 expect: set[str] | None = None) -> str:
-    """End a session that never ran (cancelled while queued): an empty trajectory, callbacks."""
-    new = ctx.store.transition(rec.session_id, outcome, node=ctx.node, error=error, outcome=outcome,
-                               expect=expect)
-    if new is None:
-        return "skipped"
-    traj = Trajectory(session_id=rec.session_id, task_id=rec.task_id, status=outcome,
-                      builder=task.builder.strategy, error=error,
-                      stats={"calls": 0, "traces": 0, "delivered_fraction": 0.0},
-                      metadata={**task.metadata, "harness": task.agent.harness})
-    ctx.store.save_trajectory(traj)
-    _callbacks(ctx, task, new, traj)
-    return outcome.lower()
-
-
-def session_summary(rec: SessionRecord) -> dict[str, Any]:
-    return {"session_id": rec.session_id, "state": rec.state, "reward": rec.reward, "error": rec.error,
-            "attempt": rec.attempt, "node": rec.node, "timings": rec.timings}
-
-
-def _callbacks(ctx: StageContext, task: TaskRequest, rec: SessionRecord, traj: Trajectory) -> None:
-    if not task.callback_url:
-        return
-    ctx.enqueue(CALLBACK_TASK, callback_message(task.callback_url, "session.finished", task.task_id, {
-        "event": "session.finished", "task_id": task.task_id, **session_summary(rec),
-        "trajectory": traj.to_dict()}, rec.session_id))
-    sessions = ctx.store.get_sessions(ctx.store.session_ids(task.task_id))
-    if sessions and all(states.is_terminal(s.state) for s in sessions) and ctx.store.mark_callback_sent(task.task_id):
-        ctx.enqueue(CALLBACK_TASK, callback_message(task.callback_url, "task.finished", task.task_id, {
-            "event": "task.finished", "task_id": task.task_id,
-            "sessions": [session_summary(s) for s in sessions]}))

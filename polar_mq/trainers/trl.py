@@ -45,7 +45,7 @@ def _prompt_text(prompt: Any) -> str:
                 content = msg.get("content")
                 if isinstance(content, str):
                     return content
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
     raise ValueError(f"cannot take an instruction from prompt {prompt!r}")
 
 
@@ -85,7 +85,8 @@ class PolarRollout:
 
     def collect(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The groups of ``task_ids`` (acked once taken); other groups are left leased to return."""
-        want, got = set(task_ids), {}
+        want = set(task_ids)
+        got: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + self.timeout
         while want - set(got):
             left = deadline - time.monotonic()

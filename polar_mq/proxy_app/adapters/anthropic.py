@@ -7,39 +7,28 @@ out. See base.py for the adapter protocol.
 Choices that matter for training data:
 - Claude Code puts a per-turn `x-anthropic-billing-header: ...` line in the first system block;
   it changes every request and would break prefix merging, so it is removed (and noted).
-- Thinking blocks carry a signature we issue ourselves (`polar1.` + compressed reasoning). When the
-  client sends the block back, the signed original reasoning is used, so the history sent upstream
+- Thinking blocks carry a signature we issue ourselves (the reasoning token of reasoning.py). When
+  the client sends the block back, the signed original reasoning is used, so the history sent upstream
   holds exactly what the model produced even if a client trims or rewrites the visible text.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import uuid
-import zlib
 from typing import Any, Iterator
 
-from .base import (
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamEvent,
-    StreamTranslator,
-    dump_arguments,
-    invalid,
-    optional,
-    parse_arguments,
-    replay,
-    require,
-    sse,
-)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, dump_arguments,
+                   invalid, optional, parse_arguments, replayed, require, sse)
+# The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
+from .base import (error_in_stream as error_in_stream, stream_content_type as stream_content_type,
+                   stream_ping as stream_ping)
+from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "anthropic"
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
-SIGNATURE_PREFIX = "polar1."
 ROLES = ("user", "assistant", "system")
 
 # Error kind -> (HTTP status, Anthropic error type). `None` status keeps the error's own status.
@@ -72,7 +61,7 @@ _SERVER_BLOCKS = {
 
 def to_chat(body: dict[str, Any]) -> ChatRequest:
     """Normalise a Messages request. Raises GatewayError("invalid_request") naming the bad field.
-    (count_tokens bodies have no max_tokens; the gateway supplies one before calling this.)"""
+    (count_tokens bodies have no max_tokens: `count_request_body` supplies one.)"""
     if not isinstance(body, dict):
         raise invalid("request body must be a JSON object")
     model = require(body, "model", str)
@@ -329,29 +318,13 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
 def _thinking_text(block: dict[str, Any], where: str, notes: list[str]) -> str:
     """The reasoning to send upstream: the signed original when we issued the signature."""
     shown = require(block, "thinking", str, where)
-    signed = decode_signature(block.get("signature"))
+    signed = decode_reasoning(block.get("signature"))
     if signed is None:
         notes.append("thinking block with a signature not issued by this gateway")
         return shown
     if signed != shown:
         notes.append("thinking text differs from its signature; used the signed original")
     return signed
-
-
-def sign_reasoning(reasoning: str) -> str:
-    """A thinking signature that carries the reasoning itself, so history can be rebuilt exactly."""
-    packed = base64.urlsafe_b64encode(zlib.compress(reasoning.encode("utf-8"), 9)).decode("ascii")
-    return SIGNATURE_PREFIX + packed
-
-
-def decode_signature(signature: Any) -> str | None:
-    """The reasoning inside a signature we issued; None for anything else."""
-    if not isinstance(signature, str) or not signature.startswith(SIGNATURE_PREFIX):
-        return None
-    try:
-        return zlib.decompress(base64.urlsafe_b64decode(signature[len(SIGNATURE_PREFIX):])).decode("utf-8")
-    except (ValueError, zlib.error, UnicodeDecodeError):
-        return None
 
 
 def _tools(raw: list[Any] | None, notes: list[str]) -> list[dict[str, Any]]:
@@ -506,7 +479,7 @@ def _content_blocks(result: ChatResult) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if result.reasoning:
         blocks.append({"type": "thinking", "thinking": result.reasoning,
-                       "signature": sign_reasoning(result.reasoning)})
+                       "signature": encode_reasoning(result.reasoning)})
     if result.text:
         blocks.append({"type": "text", "text": result.text})
     for call in result.tool_calls:
@@ -586,7 +559,7 @@ class MessagesTranslator(StreamTranslator):
 
     def on_start(self, event: StreamEvent) -> Iterator[bytes]:
         tail = re.sub(r"[^A-Za-z0-9]", "", event.id or "") or uuid.uuid4().hex
-        start = {"id": f"msg_{tail}", "type": "message", "role": "assistant", "model": self.req.model,
+        start: dict[str, Any] = {"id": f"msg_{tail}", "type": "message", "role": "assistant", "model": self.req.model,
                  "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": event.prompt_tokens, "output_tokens": 0,
                            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
@@ -607,7 +580,7 @@ class MessagesTranslator(StreamTranslator):
         if self.kind is None:
             return
         if self.kind == "thinking":
-            yield self._delta({"type": "signature_delta", "signature": sign_reasoning("".join(self.reasoning))})
+            yield self._delta({"type": "signature_delta", "signature": encode_reasoning("".join(self.reasoning))})
             self.reasoning = []
         elif self.kind == "tool_use":
             text = "".join(self.args)
@@ -654,9 +627,7 @@ class MessagesTranslator(StreamTranslator):
             if self.args_mode == "pass":
                 yield self._delta({"type": "input_json_delta", "partial_json": "".join(self.args)})
 
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        result = event.result
-        assert result is not None
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         if self.index < 0:  # an empty answer still has one (empty) text block
             yield from self._open("text", {"type": "text", "text": ""})
         yield from self._close()
@@ -669,13 +640,9 @@ class MessagesTranslator(StreamTranslator):
         return stream_error(err, self.req)
 
 
-def stream_translator(req: ChatRequest) -> MessagesTranslator:
-    return MessagesTranslator(req)
-
-
-def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """The whole answer as the Messages stream (synthetic streams): the same translator, replayed."""
-    return MessagesTranslator(req).feed_all(replay(result))
+stream_translator = MessagesTranslator
+# The whole answer as the Messages stream (synthetic streams): the same translator, replayed.
+stream_events = replayed(MessagesTranslator)
 
 
 # --------------------------------------------------------------------------------------------
@@ -710,14 +677,14 @@ def _context_message(err: GatewayError) -> str:
     return f"prompt is too long: {err.message}"
 
 
-def error_in_stream(err: GatewayError) -> bool:
-    """Before the first event an HTTP status is better: the SDKs and Claude Code retry on it."""
-    return False
-
-
 def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
     _, body = error_response(err)
     yield sse(body, event="error")
+
+
+def count_request_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A count_tokens body has no max_tokens, which `to_chat` requires: one is supplied."""
+    return {"max_tokens": 1, **body}
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:

@@ -1,18 +1,9 @@
-"""What every provider adapter shares: the normalised request/response types and the error type.
+"""What every provider adapter shares: the normalised request/response types, the error type,
+the stream translator, the field validators and the `Adapter` protocol with its defaults.
 
-An adapter module (one per provider API) is pure logic — no Flask, no Redis, no HTTP — and exposes:
-
-    PROVIDER: str                                   # "anthropic" | "openai_chat" | ...
-    to_chat(body: dict) -> ChatRequest              # provider request -> normalised OpenAI chat
-    from_chat(result: ChatResult, req: ChatRequest) -> dict       # -> provider response body
-    stream_translator(req: ChatRequest) -> StreamTranslator   # normalised events -> frames
-    stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]   # a whole result
-    error_response(err: GatewayError) -> tuple[int, dict]         # provider-shaped error
-    stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]     # in-stream error
-    error_in_stream(err: GatewayError) -> bool      # True: send as stream events, not HTTP status
-    count_tokens_response(n: int) -> dict           # body for the count-tokens route
-
-`to_chat` raises `GatewayError("invalid_request", ...)` naming the offending field.
+An adapter module (one per provider API, named as its provider in `model.PROVIDERS`; see
+registry.py) is pure logic — no Flask, no Redis, no HTTP — and offers the `Adapter` protocol
+below. `to_chat` raises `GatewayError("invalid_request", ...)` naming the offending field.
 
 Streaming has one path per provider: the gateway turns the upstream's chunks into normalised
 `StreamEvent`s (start, reasoning/text deltas, tool-call start, tool-argument deltas, finish) as they
@@ -24,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
 
 
 # Error kinds and the HTTP status they carry unless a provider says otherwise.
@@ -164,9 +155,9 @@ def replay(result: ChatResult, text_size: int = 16, args_size: int = 64) -> Iter
 
 
 class StreamTranslator:
-    """Turns normalised events into one provider's frames, incrementally. Subclasses implement
-    `on_start`, `on_reasoning`, `on_text`, `on_tool_start`, `on_tool_args`, `on_finish` and
-    `error`; each returns the frames to send now (possibly none)."""
+    """Turns normalised events into one provider's frames, incrementally. Subclasses override the
+    `on_*` handlers they need (each returns the frames to send now, possibly none; `on_finish`
+    gets the whole, already recorded result) and `error`."""
 
     def __init__(self, req: ChatRequest):
         self.req = req
@@ -181,33 +172,29 @@ class StreamTranslator:
             return
         if not self.started:  # every stream begins with a start, even a replayed one
             yield from self.feed(StreamEvent(START))
+        if event.kind == FINISH:
+            assert event.result is not None, "a finish event carries the result"
+            yield from self.on_finish(event.result)
+            return
         handler = {REASONING: self.on_reasoning, TEXT: self.on_text, TOOL_START: self.on_tool_start,
-                   TOOL_ARGS: self.on_tool_args, FINISH: self.on_finish}[event.kind]
+                   TOOL_ARGS: self.on_tool_args}[event.kind]
         yield from handler(event)
 
-    def feed_all(self, events: Any) -> Iterator[bytes]:
+    def feed_all(self, events: Iterable[StreamEvent]) -> Iterator[bytes]:
         for event in events:
             yield from self.feed(event)
 
-    def on_start(self, event: StreamEvent) -> Iterator[bytes]:
+    def _nothing(self, event: StreamEvent) -> Iterator[bytes]:
         return iter(())
 
-    def on_reasoning(self, event: StreamEvent) -> Iterator[bytes]:
+    # Events a provider has no frame for produce nothing.
+    on_start = on_reasoning = on_text = on_tool_start = on_tool_args = _nothing
+
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         return iter(())
 
-    def on_text(self, event: StreamEvent) -> Iterator[bytes]:
-        return iter(())
-
-    def on_tool_start(self, event: StreamEvent) -> Iterator[bytes]:
-        return iter(())
-
-    def on_tool_args(self, event: StreamEvent) -> Iterator[bytes]:
-        return iter(())
-
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        return iter(())
-
-    def error(self, err: "GatewayError") -> Iterator[bytes]:
+    def error(self, err: GatewayError) -> Iterator[bytes]:
+        """The frames that end the stream with `err` (defaults to the adapter's stream_error)."""
         return iter(())
 
 
@@ -248,29 +235,141 @@ def dump_arguments(arguments: Any) -> str:
     return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
-def require(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
-    """Fetch a required field, raising a 400 that names it when missing or of the wrong type."""
-    label = f"{where}{name}"
-    if name not in body or body[name] is None:
-        raise invalid(f"missing required field '{label}'")
-    value = body[name]
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+_Types = Union[type, tuple[type, ...]]
+
+
+@overload
+def checked(value: Any, label: str, typ: type[_T]) -> _T | None: ...
+@overload
+def checked(value: Any, label: str, typ: tuple[type[_T], type[_U]]) -> _T | _U | None: ...
+@overload
+def checked(value: Any, label: str, typ: tuple[type, ...]) -> Any: ...
+def checked(value: Any, label: str, typ: _Types) -> Any:
+    """`value` when it is of type `typ` (None stays None; a bool never passes for a number),
+    else a 400 that names the field `label`."""
+    if value is None:
+        return None
     if not isinstance(value, typ) or isinstance(value, bool) and bool not in _as_tuple(typ):
         raise invalid(f"field '{label}' must be {_type_name(typ)}, got {type(value).__name__}")
     return value
 
 
-def optional(body: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str = "") -> Any:
-    """Fetch an optional field (None when absent), 400 naming it when of the wrong type."""
+@overload
+def require(body: dict[str, Any], name: str, typ: type[_T], where: str = "") -> _T: ...
+@overload
+def require(body: dict[str, Any], name: str, typ: tuple[type[_T], type[_U]], where: str = "") -> _T | _U: ...
+def require(body: dict[str, Any], name: str, typ: Any, where: str = "") -> Any:
+    """Fetch a required field, raising a 400 that names it when missing or of the wrong type."""
     if body.get(name) is None:
-        return None
-    return require(body, name, typ, where)
+        raise invalid(f"missing required field '{where}{name}'")
+    return checked(body[name], f"{where}{name}", typ)
 
 
-def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
+@overload
+def optional(body: dict[str, Any], name: str, typ: type[_T], where: str = "") -> _T | None: ...
+@overload
+def optional(body: dict[str, Any], name: str, typ: tuple[type[_T], type[_U]], where: str = "") -> _T | _U | None: ...
+@overload
+def optional(body: dict[str, Any], name: str, typ: tuple[type, ...], where: str = "") -> Any: ...
+def optional(body: dict[str, Any], name: str, typ: Any, where: str = "") -> Any:
+    """Fetch an optional field (None when absent), 400 naming it when of the wrong type."""
+    return checked(body.get(name), f"{where}{name}", typ)
+
+
+def _as_tuple(typ: _Types) -> tuple[type, ...]:
     return typ if isinstance(typ, tuple) else (typ,)
 
 
-def _type_name(typ: type | tuple[type, ...]) -> str:
+def _type_name(typ: _Types) -> str:
     names = {dict: "an object", list: "an array", str: "a string", int: "an integer",
              float: "a number", bool: "a boolean"}
     return " or ".join(names.get(t, t.__name__) for t in _as_tuple(typ))
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter protocol and its defaults
+# --------------------------------------------------------------------------------------------
+
+class Adapter(Protocol):
+    """What the gateway calls on an adapter module (a module satisfies it structurally; mypy checks
+    every registered one, registry.py). Hooks most providers answer alike have a default below that
+    a module re-exports (`from .base import stream_ping`), so the gateway never asks whether an
+    adapter has a hook or which provider it is."""
+
+    PROVIDER: str
+
+    def to_chat(self, body: dict[str, Any]) -> ChatRequest:
+        """Provider request -> normalised OpenAI chat; GatewayError("invalid_request") on bad input."""
+        ...
+
+    def from_chat(self, result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+        """The provider response body."""
+        ...
+
+    def stream_translator(self, req: ChatRequest) -> StreamTranslator:
+        """Normalised events -> this provider's frames, for one stream."""
+        ...
+
+    def stream_events(self, result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
+        """A whole result as a stream (synthetic streams); default: `replayed(translator)`."""
+        ...
+
+    def stream_content_type(self, req: ChatRequest) -> str:
+        """Content-Type of a stream; default: SSE."""
+        ...
+
+    def stream_ping(self, req: ChatRequest) -> bytes:
+        """Keep-alive bytes sent while the upstream is quiet; default: PING."""
+        ...
+
+    def error_response(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, provider-shaped error body)."""
+        ...
+
+    def error_in_stream(self, err: GatewayError) -> bool:
+        """True: report this error before the first frame as stream events, not as an HTTP
+        status; default: never."""
+        ...
+
+    def stream_error(self, err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
+        """A stream that holds only this error."""
+        ...
+
+    def count_request_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A count-tokens body as a body `to_chat` accepts; default: unchanged."""
+        ...
+
+    def count_tokens_response(self, n: int) -> dict[str, Any]:
+        """Body of the count-tokens route."""
+        ...
+
+
+def stream_content_type(req: ChatRequest) -> str:
+    """Default: every stream is server-sent events."""
+    return "text/event-stream"
+
+
+def stream_ping(req: ChatRequest) -> bytes:
+    """Default keep-alive: an SSE comment."""
+    return PING
+
+
+def error_in_stream(err: GatewayError) -> bool:
+    """Default: before the first frame an HTTP status is better (the SDKs and CLIs retry on it)."""
+    return False
+
+
+def count_request_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Default: a count-tokens body is a generation body."""
+    return body
+
+
+def replayed(translator: Callable[[ChatRequest], StreamTranslator], *, text_size: int = 16
+             ) -> Callable[[ChatResult, ChatRequest], Iterator[bytes]]:
+    """The default `stream_events`: the adapter's own translator fed by `replay(result)`, so a
+    synthetic stream is framed by exactly the code that frames a live one."""
+    def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
+        return translator(req).feed_all(replay(result, text_size=text_size))
+    return stream_events

@@ -4,7 +4,7 @@ Routes served (under `/v1beta/models/<model>:...` and `/v1/models/<model>:...`):
 from the URL, so `to_chat` accepts an optional `model` key in the body but does not require it; when
 it is absent `ChatRequest.model` is "" and the gateway fills it in from the URL.
 
-Gateway hooks beyond the common adapter protocol (see base.py):
+Hooks where Gemini differs from the protocol's defaults (see base.Adapter):
 - `req.extra["alt"]`: the gateway copies the `alt` query argument here. `stream_events` writes SSE
   (`data: JSON` frames, no event lines, no [DONE]) when it is "sse" and otherwise the JSON array
   Google sends to a streaming client that did not ask for SSE. `stream_content_type(req)` gives the
@@ -14,8 +14,7 @@ Gateway hooks beyond the common adapter protocol (see base.py):
   `{generateContentRequest: {...}}`; this returns the generateContent-shaped part to feed `to_chat`.
 
 Thought round trip: Gemini clients echo `thoughtSignature` and some (Gemini CLI) strip thought parts
-from history. So the signature we emit *is* the reasoning text (zlib + base64, with a magic prefix):
-it rides on the first functionCall part, else the first answer text part, else the first thought
+from history. So the signature we emit *is* the reasoning text (the token of reasoning.py): it rides on the first functionCall part, else the first answer text part, else the first thought
 part, and on the way back a signature of ours restores the assistant's exact reasoning even when the
 thought parts were dropped. Foreign signatures (real Google ones, Gemini CLI's synthetic
 "skip_thought_signature_validator") are ignored.
@@ -28,25 +27,15 @@ id take the oldest unanswered call of the same name (else the oldest unanswered 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
-import zlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from .base import (
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamEvent,
-    StreamTranslator,
-    dump_arguments,
-    invalid,
-    parse_arguments,
-    replay,
-    sse,
-)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, checked,
+                   dump_arguments, invalid, parse_arguments, replayed, sse)
+# The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
+from .base import error_in_stream as error_in_stream
+from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "gemini"
 
@@ -56,7 +45,6 @@ _SERVER_TOOLS = (
     "fileSearch", "googleMaps", "retrieval", "enterpriseWebSearch",
 )
 
-_SIG_MAGIC = b"pmq1:"
 _STREAM_CHUNK = 32  # characters of text per streamed part
 
 # Gateway error kind -> Google RPC status name.
@@ -97,60 +85,12 @@ def _get(obj: dict[str, Any], name: str) -> Any:
 
 
 def _typed(obj: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str) -> Any:
-    """An optional field checked for type; the 400 names the field by its path."""
-    value = _get(obj, name)
-    if value is None:
-        return None
-    if not isinstance(value, typ) or (isinstance(value, bool) and bool not in _tuple(typ)):
-        raise invalid(f"field '{where}{name}' must be {_kind(typ)}, got {type(value).__name__}")
-    return value
-
-
-def _tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
-    return typ if isinstance(typ, tuple) else (typ,)
-
-
-def _kind(typ: type | tuple[type, ...]) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", int: "an integer",
-             float: "a number", bool: "a boolean"}
-    return " or ".join(names.get(t, t.__name__) for t in _tuple(typ))
+    """An optional field, under either spelling, checked for type; the 400 names it by its path."""
+    return checked(_get(obj, name), f"{where}{name}", typ)
 
 
 def _number(obj: dict[str, Any], name: str, where: str) -> float | int | None:
-    return _typed(obj, name, (int, float), where)
-
-
-# --------------------------------------------------------------------------------------------
-# Thought signatures
-# --------------------------------------------------------------------------------------------
-
-def encode_signature(reasoning: str) -> str:
-    """The thoughtSignature that carries this turn's reasoning back to us (base64)."""
-    payload = _SIG_MAGIC + zlib.compress(json.dumps({"r": reasoning}, ensure_ascii=False).encode())
-    return base64.b64encode(payload).decode("ascii")
-
-
-def decode_signature(signature: Any) -> str | None:
-    """The reasoning inside one of our signatures; None for anything else (foreign or corrupt).
-
-    Accepts standard and URL-safe base64, with or without padding: google-genai re-encodes the
-    bytes it decoded with the URL-safe alphabet."""
-    if not isinstance(signature, str) or not signature:
-        return None
-    text = signature.strip().replace("-", "+").replace("_", "/")
-    text += "=" * (-len(text) % 4)
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    if not raw.startswith(_SIG_MAGIC):
-        return None
-    try:
-        data = json.loads(zlib.decompress(raw[len(_SIG_MAGIC):]))
-    except (zlib.error, ValueError):
-        return None
-    reasoning = data.get("r") if isinstance(data, dict) else None
-    return reasoning if isinstance(reasoning, str) else None
+    return checked(_get(obj, name), f"{where}{name}", (int, float))
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,6 +100,16 @@ def decode_signature(signature: Any) -> str | None:
 _SCHEMA_CHILDREN = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not")
+
+
+def _sub_schemas(key: str, value: Any, convert: Callable[[Any], Any]) -> Any:
+    """`value` of schema keyword `key` with the sub-schemas it holds converted; property names
+    are user data and never renamed; a keyword without sub-schemas is returned as it is."""
+    if key in _SCHEMA_CHILDREN and isinstance(value, dict):
+        return {k: convert(v) for k, v in value.items()}
+    if key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
+        return convert(value)
+    return value
 
 
 def openapi_to_json_schema(schema: Any) -> Any:
@@ -182,13 +132,8 @@ def openapi_to_json_schema(schema: Any) -> Any:
             out["type"] = value.lower() if isinstance(value, str) else value
             if out["type"] == "type_unspecified":
                 del out["type"]
-        elif camel in _SCHEMA_CHILDREN and isinstance(value, dict):
-            # property names are user data: never rename them.
-            out[camel] = {k: openapi_to_json_schema(v) for k, v in value.items()}
-        elif camel in _SCHEMA_LISTS or camel in _SCHEMA_ONE:
-            out[camel] = openapi_to_json_schema(value)
         else:
-            out[camel] = value
+            out[camel] = _sub_schemas(camel, value, openapi_to_json_schema)
     if nullable:
         kind = out.get("type")
         if isinstance(kind, str):
@@ -215,12 +160,8 @@ def lower_openapi_types(schema: Any) -> Any:
             out[key] = value.lower()
         elif key == "type" and isinstance(value, list):
             out[key] = [v.lower() if isinstance(v, str) and v in _OPENAPI_TYPES else v for v in value]
-        elif key in _SCHEMA_CHILDREN and isinstance(value, dict):
-            out[key] = {k: lower_openapi_types(v) for k, v in value.items()}
-        elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
-            out[key] = lower_openapi_types(value)
         else:
-            out[key] = value
+            out[key] = _sub_schemas(key, value, lower_openapi_types)
     return out
 
 
@@ -231,13 +172,15 @@ def _declaration_schema(decl: dict[str, Any], where: str) -> dict[str, Any]:
     if raw is not None:
         if not isinstance(raw, dict):
             raise invalid(f"field '{where}parametersJsonSchema' must be an object")
-        return lower_openapi_types(raw)
+        schema: dict[str, Any] = lower_openapi_types(raw)
+        return schema
     params = _get(decl, "parameters")
     if params is None:
         return {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise invalid(f"field '{where}parameters' must be an object")
-    return openapi_to_json_schema(params)
+    converted: dict[str, Any] = openapi_to_json_schema(params)
+    return converted
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,10 +193,10 @@ def count_request_body(body: Any) -> dict[str, Any]:
         raise invalid("request body must be a JSON object")
     inner = _get(body, "generateContentRequest")
     if inner is None:
-        return body
-    if not isinstance(inner, dict):
+        inner = body
+    elif not isinstance(inner, dict):
         raise invalid("field 'generateContentRequest' must be an object")
-    return inner
+    return {"model": "count", **inner}  # the model is in the URL, not in a count body
 
 
 def to_chat(body: Any) -> ChatRequest:
@@ -371,7 +314,7 @@ def _model_message(parts: list[dict[str, Any]], ci: int, book: _CallBook,
     for pi, part in enumerate(parts):
         where = f"contents[{ci}].parts[{pi}]."
         if signed is None:
-            signed = decode_signature(_get(part, "thoughtSignature"))
+            signed = decode_reasoning(_get(part, "thoughtSignature"))
         call = _typed(part, "functionCall", dict, where)
         text = _typed(part, "text", str, where)
         if call is not None:
@@ -643,7 +586,10 @@ def _response_format(config: dict[str, Any], where: str, notes: list[str]) -> di
 # Response: OpenAI chat -> Gemini
 # --------------------------------------------------------------------------------------------
 
-def _response_parts(result: ChatResult, req: ChatRequest) -> tuple[list[dict], list[dict], list[dict]]:
+_Parts = list[dict[str, Any]]
+
+
+def _response_parts(result: ChatResult, req: ChatRequest) -> tuple[_Parts, _Parts, _Parts]:
     """(thought parts, text parts, functionCall parts) of the answer, signature attached."""
     reasoning = result.reasoning
     thoughts = [{"text": reasoning, "thought": True}] if reasoning and req.extra.get(
@@ -655,7 +601,7 @@ def _response_parts(result: ChatResult, req: ChatRequest) -> tuple[list[dict], l
         if not carrier:  # thoughts hidden and nothing else: an empty text part carries it
             texts = [{"text": ""}]
             carrier = texts
-        carrier[0]["thoughtSignature"] = encode_signature(reasoning)
+        carrier[0]["thoughtSignature"] = encode_reasoning(reasoning)
     return thoughts, texts, calls
 
 
@@ -786,9 +732,7 @@ class GeminiTranslator(StreamTranslator):
             call["args"].append(event.text)
         return iter(())
 
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        result = event.result
-        assert result is not None
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         calls = [_function_call_part({"id": c["id"], "function": {"name": c["name"],
                                                                   "arguments": "".join(c["args"])}})
                  for _, c in sorted(self.calls.items())]
@@ -796,7 +740,7 @@ class GeminiTranslator(StreamTranslator):
         if calls:
             yield from self._hold_flush()
             if reasoning:
-                calls[0]["thoughtSignature"] = encode_signature(reasoning)
+                calls[0]["thoughtSignature"] = encode_reasoning(reasoning)
             yield self._frame(calls, result)
         else:
             last = self.held
@@ -804,7 +748,7 @@ class GeminiTranslator(StreamTranslator):
             if last is None:
                 last = {"text": ""}
             if reasoning:
-                last["thoughtSignature"] = encode_signature(reasoning)
+                last["thoughtSignature"] = encode_reasoning(reasoning)
             yield self._frame([last], result)
         if not self.sse:
             yield b"]"
@@ -825,14 +769,10 @@ class GeminiTranslator(StreamTranslator):
             yield (b"[" if self.sent == 0 else b",\r\n") + body + b"]"
 
 
-def stream_translator(req: ChatRequest) -> GeminiTranslator:
-    return GeminiTranslator(req)
-
-
-def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """`data: JSON` SSE frames (alt=sse), or Google's streamed JSON array without it; text pieces of
-    at most 32 characters. Synthetic streams: the translator, replayed."""
-    return GeminiTranslator(req).feed_all(replay(result, text_size=_STREAM_CHUNK))
+stream_translator = GeminiTranslator
+# `data: JSON` SSE frames (alt=sse), or Google's streamed JSON array without it; text pieces of at
+# most 32 characters. Synthetic streams: the translator, replayed.
+stream_events = replayed(GeminiTranslator, text_size=_STREAM_CHUNK)
 
 
 # --------------------------------------------------------------------------------------------
@@ -868,11 +808,6 @@ def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
         yield body + b"\n\n"
     else:
         yield b"[" + body + b"]"
-
-
-def error_in_stream(err: GatewayError) -> bool:
-    """Gemini reports errors as an HTTP status before any frame."""
-    return False
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:

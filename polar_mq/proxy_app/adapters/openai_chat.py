@@ -9,13 +9,18 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, invalid,
-                   optional, replay, require, sse)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, invalid, optional,
+                   replayed, require, sse)
+# The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
+from .base import (count_request_body as count_request_body, error_in_stream as error_in_stream,
+                   stream_content_type as stream_content_type, stream_ping as stream_ping)
+from .openai_errors import error_object
+from .openai_errors import error_response as error_response
 
 PROVIDER = "openai_chat"
 
 # Parameters passed upstream unchanged (vLLM accepts all of them).
-_PASS_PARAMS = {
+_PASS_PARAMS: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_p": (int, float), "top_k": int, "min_p": (int, float),
     "seed": int, "presence_penalty": (int, float), "frequency_penalty": (int, float),
     "repetition_penalty": (int, float), "logit_bias": dict, "response_format": dict,
@@ -192,9 +197,7 @@ class ChatTranslator(StreamTranslator):
             self.args_sent[event.index] = True
             yield self.chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})
 
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        result = event.result
-        assert result is not None
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         yield from self._close_args()
         yield self.chunk({}, result.finish_reason)
         if self.req.extra.get("include_usage"):
@@ -205,39 +208,13 @@ class ChatTranslator(StreamTranslator):
         return stream_error(err, self.req)
 
 
-def stream_translator(req: ChatRequest) -> ChatTranslator:
-    return ChatTranslator(req)
-
-
-def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """A whole result as a chunk stream (synthetic streams): the same translator, replayed."""
-    return ChatTranslator(req).feed_all(replay(result))
-
-
-_TYPES = {
-    "invalid_request": "invalid_request_error", "authentication": "authentication_error",
-    "permission": "permission_error", "not_found": "not_found_error", "too_large": "invalid_request_error",
-    "context_length": "invalid_request_error", "rate_limit": "rate_limit_error",
-}
-
-
-def error_body(err: GatewayError) -> dict[str, Any]:
-    code = {"context_length": "context_length_exceeded", "authentication": "invalid_api_key",
-            "too_large": "request_too_large"}.get(err.kind, err.kind)
-    return {"error": {"message": err.message, "type": _TYPES.get(err.kind, "server_error"),
-                      "param": None, "code": code}}
-
-
-def error_response(err: GatewayError) -> tuple[int, dict[str, Any]]:
-    return err.status, error_body(err)
-
-
-def error_in_stream(err: GatewayError) -> bool:
-    return False
+stream_translator = ChatTranslator
+# A whole result as a chunk stream (synthetic streams): the same translator, replayed.
+stream_events = replayed(ChatTranslator)
 
 
 def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
-    yield sse(error_body(err))
+    yield sse({"error": error_object(err)})
     yield b"data: [DONE]\n\n"
 
 

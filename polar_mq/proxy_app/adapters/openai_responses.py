@@ -7,32 +7,25 @@ into output items, non-streaming or as the typed, sequence-numbered event stream
 
 We are stateless: `previous_response_id` / `conversation` are refused (clients with `store: false`,
 like Codex, always resend the whole history). Reasoning is handed back inside `encrypted_content`
-as our own readable token, so the exact reasoning text returns upstream on the next turn.
+as our own readable token (reasoning.py), so the exact reasoning text returns upstream on the next
+turn.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import time
 import uuid
 from typing import Any, Iterator
 
-from .base import (
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamEvent,
-    StreamTranslator,
-    dump_arguments,
-    invalid,
-    optional,
-    parse_arguments,
-    replay,
-    require,
-    sse,
-)
+from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, dump_arguments,
+                   invalid, optional, parse_arguments, replayed, require, sse)
+# The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
+from .base import (count_request_body as count_request_body, stream_content_type as stream_content_type,
+                   stream_ping as stream_ping)
+from .openai_errors import error_object
+from .openai_errors import error_response as error_response
+from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "openai_responses"
 
@@ -52,47 +45,6 @@ SERVER_ITEM_TYPES = {
 }
 STATELESS_FIELDS = ("previous_response_id", "conversation", "prompt")
 MESSAGE_ROLES = {"user", "assistant", "system", "developer"}
-
-# Our reasoning token: prefix + base64url(JSON {"reasoning": text}). Readable by us only by
-# convention; clients treat it as opaque and send it back verbatim.
-ENC_PREFIX = "polar.r1."
-
-ERROR_TYPES = {
-    "invalid_request": ("invalid_request_error", None),
-    "authentication": ("authentication_error", "invalid_api_key"),
-    "permission": ("permission_error", None),
-    "not_found": ("not_found_error", None),
-    "too_large": ("invalid_request_error", "request_too_large"),
-    "context_length": ("invalid_request_error", "context_length_exceeded"),
-    "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
-    "upstream_error": ("server_error", "server_error"),
-    "upstream_unavailable": ("server_error", "server_error"),
-    "store_unavailable": ("server_error", "server_error"),
-    "upstream_timeout": ("server_error", "server_error"),
-    "internal": ("server_error", "server_error"),
-}
-
-
-# ------------------------------------------------------------------ reasoning token
-
-
-def encode_reasoning(text: str) -> str:
-    """Wrap reasoning text so it survives a round trip through a client as `encrypted_content`."""
-    raw = json.dumps({"reasoning": text}, ensure_ascii=False).encode()
-    return ENC_PREFIX + base64.urlsafe_b64encode(raw).decode()
-
-
-def decode_reasoning(token: Any) -> str | None:
-    """The reasoning text inside one of our tokens; None for anyone else's (e.g. OpenAI's)."""
-    if not isinstance(token, str) or not token.startswith(ENC_PREFIX):
-        return None
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token[len(ENC_PREFIX):].encode()))
-    except (binascii.Error, ValueError):
-        return None
-    text = data.get("reasoning") if isinstance(data, dict) else None
-    return text if isinstance(text, str) else None
-
 
 # ------------------------------------------------------------------ request side
 
@@ -248,8 +200,8 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str | None:
         return text
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = optional(item, key, list, f"{where}.")
-        texts = [p.get("text") for p in parts or [] if isinstance(p, dict) and p.get("type") == part_type]
-        texts = [t for t in texts if isinstance(t, str)]
+        texts = [p["text"] for p in parts or [] if isinstance(p, dict) and p.get("type") == part_type
+                 and isinstance(p.get("text"), str)]
         if texts:
             return "\n\n".join(texts)
     return None
@@ -264,8 +216,7 @@ def _content(value: Any, where: str) -> Any:
         return ""
     if not isinstance(value, list):
         raise invalid(f"field '{where}' must be a string or an array, got {type(value).__name__}")
-    parts = [_part(p, f"{where}[{j}]") for j, p in enumerate(value)]
-    parts = [p for p in parts if p is not None]
+    parts = [part for j, p in enumerate(value) if (part := _part(p, f"{where}[{j}]")) is not None]
     if len(parts) == 1 and parts[0]["type"] == "text":
         return parts[0]["text"]
     return parts
@@ -348,7 +299,7 @@ def _custom_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
     """A free-form (e.g. grammar-constrained apply_patch) tool as a function taking `input`.
     The grammar goes into the description: the model has no other way to learn the format."""
     name = require(tool, "name", str, f"{where}.")
-    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    description = tool["description"] if isinstance(tool.get("description"), str) else ""
     fmt = optional(tool, "format", dict, f"{where}.") or {}
     if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
         syntax = fmt.get("syntax") or "grammar"
@@ -444,7 +395,7 @@ def _reasoning_effort(body: dict[str, Any]) -> str | None:
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:
     """Request fields a Response object repeats back (the SDK types require some of them)."""
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
     return {
         "instructions": body.get("instructions") if isinstance(body.get("instructions"), (str, list)) else None,
         "max_output_tokens": body.get("max_output_tokens"),
@@ -503,7 +454,7 @@ def _custom_input(arguments: str) -> str:
     """The free-form input of a custom tool call: the `input` argument, else the raw arguments."""
     parsed = parse_arguments(arguments)
     if isinstance(parsed, dict) and isinstance(parsed.get("input"), str):
-        return parsed["input"]
+        return str(parsed["input"])
     return arguments
 
 
@@ -620,7 +571,7 @@ class ResponsesTranslator(StreamTranslator):
         text = "".join(self.buffer)
         kind = item["type"]
         if kind == "reasoning":
-            part = {"type": "summary_text", "text": text}
+            part: dict[str, Any] = {"type": "summary_text", "text": text}
             item.update(summary=[part], encrypted_content=encode_reasoning(text))
             yield self.state.event("response.reasoning_summary_text.done", **ids, summary_index=0, text=text)
             yield self.state.event("response.reasoning_summary_part.done", **ids, summary_index=0, part=part)
@@ -691,9 +642,7 @@ class ResponsesTranslator(StreamTranslator):
         if self.item["type"] == "function_call":
             yield self.state.event("response.function_call_arguments.delta", **self._ids(), delta=event.text)
 
-    def on_finish(self, event: StreamEvent) -> Iterator[bytes]:
-        result = event.result
-        assert result is not None
+    def on_finish(self, result: ChatResult) -> Iterator[bytes]:
         incomplete = result.finish_reason == "length"
         status = "incomplete" if incomplete else "completed"
         if not self.saw_message and not self.saw_call:  # the client must see a turn, even empty
@@ -707,29 +656,14 @@ class ResponsesTranslator(StreamTranslator):
         return stream_error(err, self.req)
 
 
-def stream_translator(req: ChatRequest) -> ResponsesTranslator:
-    return ResponsesTranslator(req)
-
-
-def stream_events(result: ChatResult, req: ChatRequest) -> Iterator[bytes]:
-    """The answer as the Responses event stream, ending in response.completed (also for a
-    length-truncated answer, whose response says status incomplete: clients treat a stream
-    without response.completed as a failure and retry). Synthetic streams: the translator, replayed."""
-    return ResponsesTranslator(req).feed_all(replay(result))
+stream_translator = ResponsesTranslator
+# The answer as the Responses event stream, ending in response.completed (also for a
+# length-truncated answer, whose response says status incomplete: clients treat a stream without
+# response.completed as a failure and retry). Synthetic streams: the translator, replayed.
+stream_events = replayed(ResponsesTranslator)
 
 
 # ------------------------------------------------------------------ errors and count_tokens
-
-
-def _error_object(err: GatewayError) -> dict[str, Any]:
-    typ, code = ERROR_TYPES.get(err.kind, ("server_error", "server_error"))
-    return {"message": err.message, "type": typ, "param": err.detail.get("param"),
-            "code": err.detail.get("code") or code}
-
-
-def error_response(err: GatewayError) -> tuple[int, dict[str, Any]]:
-    """An HTTP error in OpenAI's shape: {"error": {message, type, param, code}}."""
-    return err.status, {"error": _error_object(err)}
 
 
 def error_in_stream(err: GatewayError) -> bool:
@@ -744,7 +678,7 @@ def stream_error(err: GatewayError, req: ChatRequest) -> Iterator[bytes]:
     response.error, which Codex, opencode and pi read."""
     state = _Stream.of(req)
     yield from state.start()
-    error = _error_object(err)
+    error = error_object(err)
     code = error["code"] if err.kind in ("context_length", "rate_limit") else "server_error"
     if err.kind == "invalid_request":
         code = "invalid_prompt"

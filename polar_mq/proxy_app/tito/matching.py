@@ -54,10 +54,11 @@ def _text(content: Any) -> str:
 
 def _args(args: Any) -> str:
     if isinstance(args, str):
+        raw = args
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = json.loads(raw) if raw.strip() else {}
         except ValueError:
-            return args.strip()
+            return raw.strip()
     return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -66,15 +67,15 @@ def _calls(message: dict[str, Any]) -> list[tuple[str | None, str | None, str]]:
     for tc in message.get("tool_calls") or []:
         if not isinstance(tc, dict):
             continue
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
+        fn: dict[str, Any] = tc["function"] if isinstance(tc.get("function"), dict) else tc
         out.append((tc.get("id"), fn.get("name"), _args(fn.get("arguments"))))
     return out
 
 
-def message_key(message: dict[str, Any]) -> tuple:
+def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     """What must be equal for two messages of a history to be the same message."""
     role = message.get("role")
-    key: tuple = (role, _text(message.get("content")),
+    key: tuple[Any, ...] = (role, _text(message.get("content")),
                   tuple((name, args) for _id, name, args in _calls(message)))
     if role == "tool":
         key += (message.get("tool_call_id"),)

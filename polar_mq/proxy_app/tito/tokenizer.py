@@ -26,7 +26,7 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+        return str(value["content"])
     return None
 
 
@@ -54,10 +54,11 @@ class LocalTokenizer:
             raise TokenizerError(f"{path} has no chat template")
         self.chat_template = template
         self._template = _compile_template(template)
-        self.eos_token = _token_text(config.get("eos_token"))
+        eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token")) or ""
-        if not self.eos_token:
+        if not eos_token:
             raise TokenizerError(f"{path}: tokenizer_config.json names no eos_token")
+        self.eos_token: str = eos_token
         eos_id = self._tok.token_to_id(self.eos_token)
         if eos_id is None:
             raise TokenizerError(f"{path}: the eos token {self.eos_token!r} is not in the vocabulary")
@@ -76,9 +77,10 @@ class LocalTokenizer:
         kw = {k: v for k, v in kwargs.items() if k not in ("messages", "tools", "add_generation_prompt")}
         kw.setdefault("bos_token", self.bos_token)
         kw.setdefault("eos_token", self.eos_token)
-        return self._template.render(messages=[_prepare_message(m) for m in messages],
-                                     tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                     **kw)
+        text: str = self._template.render(messages=[_prepare_message(m) for m in messages],
+                                          tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                          **kw)
+        return text
 
 
 _CACHE: dict[str, LocalTokenizer] = {}
