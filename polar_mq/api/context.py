@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis import Redis
 from flask import current_app
 
 from ..pipeline_store import PipelineStore
@@ -23,14 +24,14 @@ class ApiContext:
     store: PipelineStore
     _celery: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _gateway_redis: redis.Redis | None = None
+    _gateway_redis: Redis | None = None
 
     @property
     def keys(self) -> Keys:
         return self.store.keys
 
     @property
-    def gateway_redis(self) -> redis.Redis | None:
+    def gateway_redis(self) -> Redis | None:
         """The gateway's own Redis (settings.gateway_redis_url), or None when it shares ours."""
         url = self.settings.gateway_redis_url
         if not url or url == self.settings.redis_url:
