@@ -90,8 +90,9 @@ def _worker(args: argparse.Namespace) -> int:
     from .tasks.worker import app, settings
 
     queues = ",".join(worker_queues(args.stage, settings.node))  # shared + this node's (routing.py)
-    argv = ["worker", "-Q", queues, "-c", str(args.concurrency), "-E", "-l", args.loglevel,
-            "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip", "--without-mingle"]
+    argv = ["worker", "-Q", queues, "-c", str(args.concurrency), *(["-E"] if settings.task_events else []),
+            "-l", args.loglevel, "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip",
+            "--without-mingle"]
     if args.pool:
         argv += ["-P", args.pool]
     app.worker_main(argv)

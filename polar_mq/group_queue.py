@@ -45,6 +45,7 @@ if total > 0 and redis.call('SCARD', KEYS[1]) >= total then
 end
 return 0
 """ % WAKE_CAP
+FINISH_BODY = _FINISH  # also run as a function inside the session compare-and-set (session_cas.py)
 
 # KEYS: pending zset, leased zset, counters. ARGV: now, lease seconds, limit, group-hash prefix
 _TAKE = """

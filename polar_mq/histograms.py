@@ -37,13 +37,20 @@ def _le(value: float) -> str:
     return repr(float(value))
 
 
+def fields(spec: HistogramSpec, value: float, label_value: str = "") -> tuple[str, str, str, float]:
+    """The hash fields one observation increments: (bucket, sum, count, value) — for scripts
+    that observe inside their own atomic step (session_cas.py)."""
+    bucket = next((b for b in spec.buckets if value <= b), math.inf)
+    return f"{label_value}|{_le(bucket)}", f"{label_value}|sum", f"{label_value}|count", float(value)
+
+
 def observe(pipe: Any, keys: Keys, spec: HistogramSpec, value: float, label_value: str = "") -> None:
     """Queue one observation on a Redis pipeline (or client)."""
-    bucket = next((b for b in spec.buckets if value <= b), math.inf)
+    bucket, sum_field, count_field, value = fields(spec, value, label_value)
     key = keys.histogram(spec.name)
-    pipe.hincrby(key, f"{label_value}|{_le(bucket)}", 1)
-    pipe.hincrbyfloat(key, f"{label_value}|sum", float(value))
-    pipe.hincrby(key, f"{label_value}|count", 1)
+    pipe.hincrby(key, bucket, 1)
+    pipe.hincrbyfloat(key, sum_field, value)
+    pipe.hincrby(key, count_field, 1)
 
 
 def _fmt(value: float) -> str:

@@ -1,7 +1,7 @@
 """Durable pipeline state in Redis: tasks, sessions, leases, the bounded READY buffer, results.
 
-Every state change goes through `transition`, an optimistic (WATCH/MULTI) compare-and-set checked
-against `states.ALLOWED`, so duplicate or redelivered stage tasks cannot run a stage twice or move
+Every state change goes through `transition`, an optimistic compare-and-set (one Lua script,
+session_cas.py) checked against `states.ALLOWED` and the writer's fencing token, so duplicate or redelivered stage tasks cannot run a stage twice or move
 a session backwards. Leases with heartbeats tell a live worker from a dead one.
 """
 
@@ -16,11 +16,14 @@ from typing import Any, Iterable
 
 import redis
 
-from . import histograms, states
+from . import histograms, session_cas, states
 from .group_queue import GroupQueue
 from .model import SessionRecord, Trajectory
 from .store import Keys, pack, unpack
 from .taskspec import TaskRequest, task_from_dict
+
+
+KNOWN_RECORDS = 512  # records remembered per process (one per session a stage is working on)
 
 
 class Conflict(Exception):
@@ -55,6 +58,31 @@ return 0
 """
 
 
+# Into / out of the READY list, and the occupancy observed into its histogram (histograms.py
+# layout, unlabelled) in the same step. KEYS: READY list, slots, wakeup, histogram.
+# ARGV: session id, 'in' | 'out', the bucket bounds in order.
+_READY_MOVE = """
+redis.call('LREM', KEYS[1], 0, ARGV[1])
+local n
+if ARGV[2] == 'in' then
+  n = redis.call('LPUSH', KEYS[1], ARGV[1])
+else
+  redis.call('SREM', KEYS[2], ARGV[1])
+  redis.call('LPUSH', KEYS[3], 1)
+  redis.call('LTRIM', KEYS[3], 0, 63)
+  n = redis.call('LLEN', KEYS[1])
+end
+local bucket = 'inf'
+for i = 3, #ARGV do
+  if n <= tonumber(ARGV[i]) then bucket = ARGV[i] break end
+end
+redis.call('HINCRBY', KEYS[4], '|' .. bucket, 1)
+redis.call('HINCRBYFLOAT', KEYS[4], '|sum', n)
+redis.call('HINCRBY', KEYS[4], '|count', 1)
+return n
+"""
+
+
 class PipelineStore:
     def __init__(self, client: redis.Redis, keys: Keys | None = None):
         self.r = client
@@ -62,6 +90,11 @@ class PipelineStore:
         self._renew = self.r.register_script(_RENEW)
         self._release = self.r.register_script(_RELEASE)
         self._acquire_slot = self.r.register_script(_ACQUIRE_SLOT)
+        self._cas = self.r.register_script(session_cas.SCRIPT)
+        self._ready_script = self.r.register_script(_READY_MOVE)
+        self._known: dict[str, bytes] = {}  # session id -> the record last read or written here
+        self._tasks: dict[str, TaskRequest] = {}
+        self._live_queues: tuple[float, set[str]] = (0.0, set())
         self.groups = GroupQueue(self.r, self.keys)
 
     # --- tasks ----------------------------------------------------------------------------------
@@ -107,6 +140,18 @@ class PipelineStore:
         stored = self.get_task(task_id)
         return task_from_dict(stored["spec"]) if stored else None
 
+    def cached_task_request(self, task_id: str) -> TaskRequest | None:
+        """`task_request`, parsed once per process: a task's body never changes (a resubmit with
+        another body is a Conflict), so every stage of its sessions can use the same copy."""
+        task = self._tasks.get(task_id)
+        if task is None:
+            task = self.task_request(task_id)
+            if task is not None:
+                if len(self._tasks) >= KNOWN_RECORDS:
+                    self._tasks.pop(next(iter(self._tasks)))
+                self._tasks[task_id] = task
+        return task
+
     def session_ids(self, task_id: str) -> list[str]:
         return [s.decode() for s in self.r.lrange(self.keys.task_sessions(task_id), 0, -1)]
 
@@ -122,7 +167,16 @@ class PipelineStore:
     # --- sessions -------------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None:
         blob = self.r.get(self.keys.session(session_id))
+        self._remember(session_id, blob)
         return SessionRecord.from_dict(unpack(blob)) if blob else None
+
+    def known_session(self, session_id: str) -> SessionRecord | None:
+        """The record this process last read or wrote (else a fresh read): for what does not change
+        once set, e.g. the runtime's host when routing the next stage's message."""
+        blob = self._known.get(session_id)
+        if blob is None:
+            return self.get_session(session_id)
+        return SessionRecord.from_dict(unpack(blob))
 
     def get_sessions(self, session_ids: Iterable[str]) -> list[SessionRecord]:
         ids = list(session_ids)
@@ -136,58 +190,77 @@ class PipelineStore:
         """Atomically move a session to `new_state` (None: update fields only) if allowed and, when
         given, if its current state is in `expect` and the session's lease still holds the token
         `fence` (the writer's lease: a worker whose lease lapsed can never write). Returns the new
-        record, or None if refused."""
-        key = self.keys.session(session_id)
-        lease_key = self.keys.lease(session_id)
+        record, or None if refused.
+
+        The decision is made here on a record read before (the one this process last wrote or
+        read, else a fresh GET); the write is a compare-and-set in one script (session_cas.py)
+        that also checks the fence. A record changed meanwhile comes back and is decided on again;
+        a refusal made on a remembered record is re-checked on a fresh read first."""
         expect = set(expect) if expect is not None else None
+        blob = self._known.get(session_id)
+        fresh = blob is None
+        if fresh:
+            blob = self.r.get(self.keys.session(session_id))
         while True:
-            with self.r.pipeline() as pipe:
-                try:
-                    pipe.watch(*([key, lease_key] if fence is not None else [key]))
-                    blob = pipe.get(key)
-                    if blob is None:
-                        pipe.unwatch()
-                        return None
-                    if fence is not None and (pipe.get(lease_key) or b"").decode() != fence:
-                        pipe.unwatch()
-                        return None
-                    rec = SessionRecord.from_dict(unpack(blob))
-                    if expect is not None and rec.state not in expect:
-                        pipe.unwatch()
-                        return None
-                    now = time.time()
-                    left: tuple[str, float] | None = None  # (state, seconds in it) for the histogram
-                    if new_state is not None:
-                        if not states.can_move(rec.state, new_state):
-                            pipe.unwatch()
-                            return None
-                        if new_state != rec.state:
-                            rec.timings.setdefault(f"{new_state.lower()}_start", now)
-                            rec.timings[f"{rec.state.lower()}_end"] = now
-                            started = rec.history[-1][1] if rec.history else rec.created_at
-                            left = (rec.state, max(0.0, now - float(started)))
-                        rec.state = new_state
-                        rec.history.append([new_state, now, node])
-                    for name, value in fields.items():
-                        setattr(rec, name, value)
-                    rec.node = node or rec.node
-                    rec.updated_at = now
-                    pipe.multi()
-                    pipe.set(key, pack(rec.to_dict()))
-                    if left is not None:
-                        histograms.observe(pipe, self.keys, histograms.STAGE_SECONDS, left[1], left[0])
-                    if new_state is not None and states.is_terminal(new_state):
-                        pipe.srem(self.keys.active_sessions(), session_id)
-                        pipe.srem(self.keys.ready_slots(), session_id)
-                        pipe.lpush(self.keys.ready_wakeup(), 1)
-                        pipe.lrem(self.keys.ready(), 0, session_id)
-                        pipe.hincrby(self.keys.counter(), f"sessions_{new_state.lower()}", 1)
-                        # Atomic with this move: the group is enqueued when its last session ends.
-                        self.groups.queue_finish(pipe, rec.task_id, session_id, now)
-                    pipe.execute()
-                    return rec
-                except redis.WatchError:
+            if blob is None:
+                self._known.pop(session_id, None)
+                return None
+            rec = SessionRecord.from_dict(unpack(blob))
+            now = time.time()
+            left = self._apply(rec, new_state, expect, node, fields, now)
+            if left is None:  # refused on this record
+                if not fresh:
+                    blob, fresh = self.r.get(self.keys.session(session_id)), True
                     continue
+                return None
+            observation = histograms.fields(histograms.STAGE_SECONDS, left[1], left[0]) if left[0] else None
+            new_blob = pack(rec.to_dict())
+            terminal = new_state if new_state is not None and states.is_terminal(new_state) else None
+            keys, args = session_cas.cas_call(
+                self.keys, session_id=session_id, task_id=rec.task_id, expected=blob, new=new_blob, fence=fence,
+                terminal_state=terminal, observation=observation,
+                histogram_key=self.keys.histogram(histograms.STAGE_SECONDS.name), now=now)
+            answer = self._cas(keys=keys, args=args)
+            if answer == 1:
+                self._remember(session_id, None if terminal else new_blob)
+                return rec
+            if answer == 0:  # gone, or the fence no longer holds
+                self._known.pop(session_id, None)
+                return None
+            blob, fresh = answer, True  # changed under us: decide again on the stored record
+
+    @staticmethod
+    def _apply(rec: SessionRecord, new_state: str | None, expect: set[str] | None, node: str | None,
+               fields: dict[str, Any], now: float) -> tuple[str, float] | None:
+        """Apply the move to `rec` in place; None if refused, else (state left or '', seconds in it)."""
+        if expect is not None and rec.state not in expect:
+            return None
+        left: tuple[str, float] = ("", 0.0)
+        if new_state is not None:
+            if not states.can_move(rec.state, new_state):
+                return None
+            if new_state != rec.state:
+                rec.timings.setdefault(f"{new_state.lower()}_start", now)
+                rec.timings[f"{rec.state.lower()}_end"] = now
+                started = rec.history[-1][1] if rec.history else rec.created_at
+                left = (rec.state, max(0.0, now - float(started)))
+            rec.state = new_state
+            rec.history.append([new_state, now, node])
+        for name, value in fields.items():
+            setattr(rec, name, value)
+        rec.node = node or rec.node
+        rec.updated_at = now
+        return left
+
+    def _remember(self, session_id: str, blob: bytes | None) -> None:
+        """Keep the record last seen of a few sessions: the next transition skips its read (the
+        compare-and-set still checks it is current)."""
+        self._known.pop(session_id, None)
+        if blob is None:
+            return
+        if len(self._known) >= KNOWN_RECORDS:
+            self._known.pop(next(iter(self._known)))
+        self._known[session_id] = blob
 
     def active_sessions(self) -> list[str]:
         return [s.decode() for s in self.r.smembers(self.keys.active_sessions())]
@@ -224,10 +297,15 @@ class PipelineStore:
         """node -> the time its liveness expires."""
         return {k.decode(): float(v) for k, v in self.r.hgetall(self._nodes_key()).items()}
 
-    def live_queues(self) -> set[str]:
-        """Queues some live pool consumes (e.g. `run@NODE`: that node can run what it prepares)."""
+    def live_queues(self, max_age: float = 0.0) -> set[str]:
+        """Queues some live pool consumes (e.g. `run@NODE`: that node can run what it prepares);
+        `max_age` > 0 accepts an answer that old (read once a second, not once per session)."""
         now = time.time()
-        return {q for p in self.pools() if p.get("expires", 0) > now for q in p.get("queues", [])}
+        if max_age > 0 and now - self._live_queues[0] < max_age:
+            return self._live_queues[1]
+        live = {q for p in self.pools() if p.get("expires", 0) > now for q in p.get("queues", [])}
+        self._live_queues = (now, live)
+        return live
 
     def pools(self) -> list[dict[str, Any]]:
         return [unpack(v) for v in self.r.hgetall(self._pools_key()).values()]
@@ -263,22 +341,18 @@ class PipelineStore:
         return [s.decode() for s in self.r.smembers(self.keys.ready_slots())]
 
     def push_ready(self, session_id: str) -> None:
-        with self.r.pipeline() as pipe:
-            pipe.lrem(self.keys.ready(), 0, session_id)
-            pipe.lpush(self.keys.ready(), session_id)
-            occupancy = pipe.execute()[1]
-        histograms.observe(self.r, self.keys, histograms.READY_OCCUPANCY, occupancy)
+        """A prepared session enters READY (once), its occupancy observed, in one round trip."""
+        self._ready_move(session_id, "in")
 
     def take_ready(self, session_id: str) -> None:
         """A run worker took the session: out of READY, its slot freed, a waiting init woken."""
-        with self.r.pipeline() as pipe:
-            pipe.lrem(self.keys.ready(), 0, session_id)
-            pipe.srem(self.keys.ready_slots(), session_id)
-            pipe.lpush(self.keys.ready_wakeup(), 1)
-            pipe.ltrim(self.keys.ready_wakeup(), 0, 63)
-            pipe.llen(self.keys.ready())
-            occupancy = pipe.execute()[-1]
-        histograms.observe(self.r, self.keys, histograms.READY_OCCUPANCY, occupancy)
+        self._ready_move(session_id, "out")
+
+    def _ready_move(self, session_id: str, way: str) -> None:
+        spec = histograms.READY_OCCUPANCY
+        self._ready_script(keys=[self.keys.ready(), self.keys.ready_slots(), self.keys.ready_wakeup(),
+                                 self.keys.histogram(spec.name)],
+                           args=[session_id, way, *(repr(float(b)) for b in spec.buckets)])
 
     def wait_for_slot(self, timeout: float) -> None:
         """Block until a slot may have been freed (or timeout): no busy polling while full."""

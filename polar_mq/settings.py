@@ -143,6 +143,9 @@ class PipelineSettings:
     # tasks only when the worker is started with POLAR_ALLOW_LOCAL_EXEC=1.
     allow_local_exec: bool = False
     callback_token: str | None = None  # signs callbacks (X-Polar-Signature); default: the API token
+    # Celery task events (task-sent/received/started/succeeded) are for Flower only; each costs a
+    # publish per task and stage. `polar-mq up` turns them off when it starts no Flower.
+    task_events: bool = True
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -172,6 +175,7 @@ class PipelineSettings:
         s.node = env.get("POLAR_NODE") or s.node
         s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
         s.callback_token = env.get("POLAR_CALLBACK_TOKEN") or s.api_token
+        s.task_events = env.get("POLAR_TASK_EVENTS", "1").lower() not in ("0", "false", "no")
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

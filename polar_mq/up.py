@@ -162,6 +162,8 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
         api_token, gateway_token = tokens.server_token("api"), tokens.server_token("gateway")
         env.update({"POLAR_API_TOKEN": api_token, "POLAR_GATEWAY_TOKEN": gateway_token,
                     "FLOWER_BASIC_AUTH": f"polar:{api_token}"})
+    if not (flower and importlib.util.find_spec("flower") is not None):
+        env.setdefault("POLAR_TASK_EVENTS", os.environ.get("POLAR_TASK_EVENTS", "0"))  # only Flower reads them
     env.update(extra_env or {})
     sup = Supervisor(log_dir, env)
     try:

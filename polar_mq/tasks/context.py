@@ -15,12 +15,16 @@ from ..pipeline_store import PipelineStore, node_name
 from ..settings import PipelineSettings
 
 
+MODEL_LEN_MAX_AGE = 60.0
+
+
 class GatewayClient:
     """The stages talk to the gateway over HTTP only (never through its internals)."""
 
     def __init__(self, url: str, token: str | None = None):
         self.url = url.rstrip("/")
         self.http = requests.Session()
+        self._max_model_len: tuple[float, int | None] | None = None
         if token:
             self.http.headers["Authorization"] = f"Bearer {token}"
 
@@ -56,7 +60,15 @@ class GatewayClient:
             time.sleep(0.2)
 
     def max_model_len(self) -> int | None:
-        """The served model's context length, as the gateway's upstreams report it."""
+        """The served model's context length, as the gateway's upstreams report it (asked once a
+        minute per process: it is the same for every session of a run)."""
+        now = time.monotonic()
+        if self._max_model_len is None or now - self._max_model_len[0] > \
+                (MODEL_LEN_MAX_AGE if self._max_model_len[1] is not None else 5.0):
+            self._max_model_len = (now, self._ask_max_model_len())
+        return self._max_model_len[1]
+
+    def _ask_max_model_len(self) -> int | None:
         try:
             ups = self.http.get(f"{self.url}/health", timeout=10).json().get("upstreams") or []
         except (requests.RequestException, ValueError):

@@ -34,7 +34,7 @@ def queue_for(store: PipelineStore, name: str, arg: str) -> str:
     stage = STAGE_QUEUE.get(name, "postrun")
     if name not in (RUN_TASK, POSTRUN_TASK):
         return stage
-    rec = store.get_session(arg)
+    rec = store.known_session(arg)  # the record the sending stage just wrote
     host = runtime_host(rec.runtime if rec else None)
     if host is None:
         return stage

@@ -82,7 +82,7 @@ def stage(*accepts: str):
                 rec = ctx.store.get_session(session_id)
                 if rec is None or rec.state not in accepts:
                     return "skipped"
-                task = ctx.store.task_request(rec.task_id)
+                task = ctx.store.cached_task_request(rec.task_id)
                 try:
                     with Lease(ctx.store, session_id, ctx.settings.lease_ttl) as lease:
                         if rec.attempt:  # a takeover started: the janitor may requeue it again
@@ -110,7 +110,7 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     store, session_id = ctx.store, rec.session_id
     if store.is_cancelled(rec.task_id):
         return finish_early(ctx, rec, task, states.ERROR, "cancelled")
-    if f"run@{ctx.settings.node}" not in store.live_queues():
+    if f"run@{ctx.settings.node}" not in store.live_queues(max_age=1.0):
         return "busy"  # nothing on this node would run what it prepares: leave it to a host that can
     takeover = rec.state == states.INITIALIZING
     now = time.time()
