@@ -141,6 +141,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-dispatch-"))
     os.environ.setdefault("POLAR_HOME", str(tmp / "home"))
     os.environ.pop("POLAR_REDIS_URL", None)  # each run gets its own embedded Redis
+    os.chdir(tmp)  # `python -m` puts the cwd first on sys.path: the children import what PYTHONPATH says
     rows = []
     if args.baseline:
         old = export_ref(args.baseline, tmp / "baseline")
@@ -158,14 +159,14 @@ def main() -> int:
                       f"{row['p50'] * 1000:.0f} / {row['p90'] * 1000:.0f}")
     console.print(table)
     roles = sorted({k for row in rows for k in row["cpu_ms"]})
-    cpu = Table(title="CPU ms per session by role (user + system; NAME+ = its child processes: pool "
-                      "workers, gunicorn workers; harness processes count in run+)")
-    cpu.add_column("code")
-    for role in (*roles, "total"):
-        cpu.add_column(role, justify="right")
+    cpu = Table(title="CPU ms per session by process (user + system; NAME+ = its children: pool workers, "
+                      "gunicorn workers; the harness processes count in run+)")
+    cpu.add_column("process")
     for row in rows:
-        cpu.add_row(row["label"], *(f"{row['cpu_ms'].get(r, 0.0):.1f}" for r in roles),
-                    f"{sum(row['cpu_ms'].values()):.1f}")
+        cpu.add_column(row["label"], justify="right")
+    for role in (*roles, "total"):
+        cpu.add_row(role, *(f"{(sum(row['cpu_ms'].values()) if role == 'total' else row['cpu_ms'].get(role, 0.0)):.1f}"
+                            for row in rows))
     console.print(cpu)
     return 0
 
