@@ -54,6 +54,13 @@ def handoff_gaps(statuses: list[dict], slots: int) -> list[float]:
     return [max(0.0, s - e) for e, s in zip(ends, starts[slots:])]
 
 
+def run_overheads(statuses: list[dict], runs: list[float]) -> list[float]:
+    """Seconds each session held its run slot beyond its own run work (harness start, exit,
+    state moves): the k-th task ran the k-th workload."""
+    return sorted(max(0.0, s["timings"]["running_end"] - s["timings"]["running_start"] - x)
+                  for st, x in zip(statuses, runs) for s in st["sessions"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=64)
@@ -62,6 +69,9 @@ def main() -> int:
     ap.add_argument("--mean", type=float, default=1.0, help="mean seconds of init and of run")
     ap.add_argument("--noop", type=int, default=200, help="no-op sessions for the throughput test")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--backend", default="local",
+                    help="runtime of every session (local: the pipeline's own overhead; bwrap adds a sandbox "
+                         "start to every prepare step and harness run)")
     args = ap.parse_args()
 
     from rich.console import Console
@@ -80,7 +90,8 @@ def main() -> int:
     with console.status("starting the stack…"):
         stack = launch(api_port=free_port(), gateway_port=free_port(), flower=False,
                        concurrency=(args.init_workers or 2 * args.slots, args.slots, 2),
-                       extra_env={"POLAR_READY_CAPACITY": str(args.slots)})
+                       extra_env={"POLAR_READY_CAPACITY": str(args.slots),
+                                  "POLAR_ALLOW_LOCAL_EXEC": "1"})  # the bench's own `sleep` prepare steps
     try:
         client = Client(stack.api_url)
         # READY buffer: each session is its own task so per-session init/run times can differ.
@@ -88,7 +99,7 @@ def main() -> int:
             t0 = time.perf_counter()
             subs = [client.submit({"instruction": "bench", "timeout_seconds": 600,
                                    "agent": {"harness": "shell", "options": {"command": f"sleep {x}"}},
-                                   "runtime": {"prepare": [{"exec": f"sleep {y}"}]},
+                                   "runtime": {"backend": args.backend, "prepare": [{"exec": f"sleep {y}"}]},
                                    "builder": {"strategy": "per_request"}}) for y, x in work]
             buffered_status = [client.wait(sub["task_id"], timeout=600, poll=0.1) for sub in subs]
             buffered = time.perf_counter() - t0
@@ -96,6 +107,7 @@ def main() -> int:
             t0 = time.perf_counter()
             subs = [client.submit({"instruction": "bench", "timeout_seconds": 600,
                                    "agent": {"harness": "shell", "options": {"command": f"sleep {y}; sleep {x}"}},
+                                   "runtime": {"backend": args.backend},
                                    "builder": {"strategy": "per_request"}}) for y, x in work]
             naive_status = [client.wait(sub["task_id"], timeout=600, poll=0.1) for sub in subs]
             naive = time.perf_counter() - t0
@@ -103,22 +115,26 @@ def main() -> int:
         for name, span, statuses in (("READY buffer (init pool + run slots)", buffered, buffered_status),
                                      ("naive (init inside the run slot)", naive, naive_status)):
             gaps = sorted(handoff_gaps(statuses, args.slots)) or [0.0]
+            over = run_overheads(statuses, [x for _, x in work] if statuses is buffered_status
+                                 else [y + x for y, x in work])
             rows.append((name, span, run_total / (args.slots * run_window(statuses)),
-                         gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.9)]))
+                         gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.9)], over[len(over) // 2]))
         with console.status(f"{args.noop} no-op sessions…"):
             elapsed, _ = run_task(client, {"instruction": "noop", "num_samples": args.noop, "timeout_seconds": 600,
                                            "agent": {"harness": "shell", "options": {"command": "true"}},
+                                           "runtime": {"backend": args.backend},
                                            "builder": {"strategy": "per_request"}}, timeout=900)
     finally:
         stack.stop()
 
     table = Table(title=f"run-slot utilisation: {args.sessions} sessions, {args.slots} run slots, "
-                        f"init and run ~U(0.5,1.5)×{args.mean}s ({os.cpu_count()} cores)")
-    for col in ("mode", "makespan s", "run slots busy", "vs naive", "slot hand-off p50/p90 ms"):
+                        f"init and run ~U(0.5,1.5)×{args.mean}s, {args.backend} runtime ({os.cpu_count()} cores)")
+    for col in ("mode", "makespan s", "run slots busy", "vs naive", "slot hand-off p50/p90 ms",
+                "in-slot overhead p50 ms"):
         table.add_column(col, justify="left" if col == "mode" else "right")
-    for name, span, util, p50, p90 in rows:
+    for name, span, util, p50, p90, over in rows:
         table.add_row(name, f"{span:.2f}", f"{util:.1%}", f"{util / rows[1][2]:.2f}× busier" if span != rows[1][1]
-                      else "1.00×", f"{p50 * 1000:.0f} / {p90 * 1000:.0f}")
+                      else "1.00×", f"{p50 * 1000:.0f} / {p90 * 1000:.0f}", f"{over * 1000:.0f}")
     console.print(table)
     console.print(f"lower bound on makespan (run work / slots): {ideal:.2f} s")
     console.print(f"dispatch throughput: {args.noop} no-op sessions through init → run → postrun in "
