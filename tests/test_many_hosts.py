@@ -123,6 +123,16 @@ def test_cut_a_host_off_longer_than_the_lease(cluster):
     cluster.restore("b")
     recs = cluster.wait(sids, timeout=120)
     check(cluster, sids, recs, f"cut host b for {3 * cluster.lease_ttl:.0f} s", t_fault)
+    # What the cut-off runs left on b (work dir, HOME) is torn down by b itself once it is back;
+    # the logs stay, as after a postrun.
+    moved = [r for r in recs if "b" in r.stats.get("lost_runtimes", []) and ran_on(r) != "b"]
+    assert moved, [r.history for r in recs]
+    dirs = [cluster.hosts["b"].sessions_dir / r.task_id / r.session_id for r in moved]
+    deadline = time.time() + 10
+    while time.time() < deadline and any(sorted(p.name for p in d.iterdir()) != ["logs"] for d in dirs):
+        time.sleep(0.2)
+    assert all(sorted(p.name for p in d.iterdir()) == ["logs"] for d in dirs), \
+        {str(d): sorted(p.name for p in d.iterdir()) for d in dirs}
 
 
 def test_restart_redis_mid_run(cluster):

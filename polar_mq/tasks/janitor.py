@@ -17,6 +17,7 @@ from .. import states
 from ..model import SessionRecord
 from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
+from .leftovers import tear_down_leftovers
 from .recovery import reinitialise, resend_missing_messages, restore_held_messages, runtime_lost
 
 log = logging.getLogger("polar_mq.janitor")
@@ -132,6 +133,7 @@ def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading
         while True:
             try:
                 ctx.store.beat_node(ctx.settings.node, pool_id, info, ttl)
+                tear_down_leftovers(ctx.store, ctx.settings.node)  # runtimes a partition left here
             except Exception:
                 log.debug("node beat failed", exc_info=True)
             if stop.wait(min(ctx.settings.janitor_interval, ctx.settings.lease_ttl / 3)):

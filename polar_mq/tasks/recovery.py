@@ -27,6 +27,7 @@ from ..model import SessionRecord
 from ..runtimes.hostid import runtime_host
 from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
+from .leftovers import file_leftover
 
 log = logging.getLogger("polar_mq.recovery")
 
@@ -127,6 +128,7 @@ def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:
                "lost_runtimes": rec.stats.get("lost_runtimes", []) + [runtime_host(rec.runtime)]})
     if new is None:
         return False
+    file_leftover(ctx.store, rec.session_id, rec.runtime)  # its host tears it down when back (leftovers.py)
     ctx.store.take_ready(rec.session_id)  # out of the READY list, its slot freed
     log.warning("session %s: runtime host %s is gone; re-initialising (attempt %d)",
                 rec.session_id, runtime_host(rec.runtime), new.attempt)
