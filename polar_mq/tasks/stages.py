@@ -26,6 +26,7 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from ..taskspec import TaskRequest
 from ..weight_versions import stamp_versions
+from .cancel_watch import CancelWatch
 from .celery_app import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .endings import finish_early, send_callbacks
@@ -222,25 +223,20 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime["home"]),
         workdir=Path(rec.runtime["workdir"]), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
-    last_check = [0.0]
+    cancel = CancelWatch(lambda: store.is_cancelled(rec.task_id))
 
-    def should_stop() -> bool:
-        if lease.lost.is_set():
-            return True
-        now = time.time()
-        if now - last_check[0] < 0.5:
-            return False
-        last_check[0] = now
-        return store.is_cancelled(rec.task_id)
+    def should_stop() -> bool:  # in-memory only: never blocks on Redis (cancel_watch.py)
+        return lease.lost.is_set() or cancel.cancelled.is_set()
 
     def on_start(info: dict[str, Any]) -> None:
         store.transition(session_id, None, runtime={**rec.runtime, **info})
 
     # The runtime bridges the gateway into a sandbox without a network (see runtimes/).
     exec_handle = {**rec.runtime, "gateway_urls": sorted(set((rec.base_urls or {}).values()))}
-    result = runtime.exec(exec_handle, launch.command, env=launch.env, timeout=remaining,
-                          log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
-                          should_stop=should_stop, on_start=on_start)
+    with cancel:
+        result = runtime.exec(exec_handle, launch.command, env=launch.env, timeout=remaining,
+                              log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
+                              should_stop=should_stop, on_start=on_start)
     if lease.lost.is_set():
         return "lease lost"  # another worker owns the session now
     if (result.timed_out or result.stopped) and rec.gateway_session_id:
