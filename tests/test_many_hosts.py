@@ -24,6 +24,10 @@ from polar_mq import states
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))]
 
+# Run slots per host: a host alone can take every session of a scenario in two waves, so the
+# scenarios after a fault wait less for slots (the suite's time, not what is asserted).
+RUN_SLOTS = 4
+
 # Note the start and the end of each harness run next to the session's dir (on its host's disk).
 AGENT = (f'echo "start $$" >> ../marks; {sys.executable} {TINY_AGENT} && sleep {{linger}} && '
          f'echo "end $$" >> ../marks')
@@ -42,8 +46,8 @@ def cluster(tmp_path_factory):
     try:
         c.build_network(["a", "b"])
         c.start_hub()
-        c.start_pools("a")
-        c.start_pools("b")
+        c.start_pools("a", run=RUN_SLOTS)
+        c.start_pools("b", run=RUN_SLOTS)
         c.wait_nodes(["a", "b"])
         yield c
     finally:
@@ -110,7 +114,7 @@ def test_kill_every_process_of_a_host_mid_run(cluster):
     assert figures["spread"] == {"b": 8} or set(figures["spread"]) <= {"a", "b"}
     for r in recs:
         assert ran_on(r) == "b" or r.timings.get("completed_start", 0) < t_fault, r.history
-    cluster.start_pools("a")
+    cluster.start_pools("a", run=RUN_SLOTS)
     cluster.wait_nodes(["a", "b"])
 
 
