@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed)
+        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed,
+                                optimizer=args.optimizer, kl_coef=args.kl_coef)
         stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                                policy_version=lambda: version, drop_unusable=False)
         tmpl = template()
@@ -186,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
