@@ -58,6 +58,35 @@ class LogSettings:
                    backups=int(env.get("POLAR_LOG_BACKUPS") or cls.backups))
 
 
+@dataclass(frozen=True)
+class DockerSettings:
+    """The docker runtime's knobs (polar_mq/runtimes/docker.py), read here like every other setting.
+
+    POLAR_DOCKER_MOUNTS (extra `host:container[:ro]` binds, comma-separated), POLAR_DOCKER_PIDS_LIMIT
+    (default 4096), POLAR_DOCKER_ORPHAN_AGE (s an unknown container must reach before the sweep
+    removes it: it may be another deployment's; default 3600), POLAR_DOCKER_SWEEP_INTERVAL (s between
+    janitor sweeps; 0 disables; default 30), DOCKER_HOST (the engine; the SDK reads it too)."""
+
+    mounts: str | None = None
+    pids_limit: int = 4096
+    orphan_age: float = 3600.0
+    sweep_interval: float = 30.0
+    docker_host: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "DockerSettings":
+        env = os.environ
+        return cls(mounts=env.get("POLAR_DOCKER_MOUNTS") or None,
+                   pids_limit=int(env.get("POLAR_DOCKER_PIDS_LIMIT") or cls.pids_limit),
+                   orphan_age=_env_float("POLAR_DOCKER_ORPHAN_AGE", cls.orphan_age),
+                   sweep_interval=_env_float("POLAR_DOCKER_SWEEP_INTERVAL", cls.sweep_interval),
+                   docker_host=env.get("DOCKER_HOST") or None)
+
+    def engine_configured(self) -> bool:
+        """A docker engine to talk to: DOCKER_HOST set, or the default socket present."""
+        return bool(self.docker_host) or os.path.exists("/var/run/docker.sock")
+
+
 @dataclass
 class GatewaySettings:
     upstreams: list[str] = field(default_factory=list)

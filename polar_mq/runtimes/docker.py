@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..logcap import RotatingLog
+from ..settings import DockerSettings
 from ..taskspec import RuntimeSpec
 from .base import ExecResult, tail
 
@@ -130,13 +131,13 @@ class DockerRuntime:
             volumes[str(cache.resolve())] = {"bind": str(cache.resolve()), "mode": "ro"}
         except OSError:
             pass
-        volumes.update(parse_mounts(os.environ.get("POLAR_DOCKER_MOUNTS")))
+        volumes.update(parse_mounts(DockerSettings.from_env().mounts))
         kwargs: dict[str, Any] = {
             "name": name, "command": INIT, "entrypoint": [], "detach": True,
             "labels": {LABEL: session_id, "polar_mq": "1"},
             "environment": dict(spec.env), "volumes": volumes,
             "network_mode": "host" if spec.allow_internet else "none",
-            "pids_limit": int(os.environ.get("POLAR_DOCKER_PIDS_LIMIT", "4096")),
+            "pids_limit": DockerSettings.from_env().pids_limit,
         }
         if spec.workdir:
             kwargs["working_dir"] = spec.workdir
@@ -331,7 +332,7 @@ def sweep(store, client=None) -> list[str]:
 
     client = client or docker_client(timeout=10)
     removed = []
-    orphan_age = float(os.environ.get("POLAR_DOCKER_ORPHAN_AGE", "3600"))
+    orphan_age = DockerSettings.from_env().orphan_age
     for c in client.containers.list(all=True, filters={"label": LABEL}):
         sid = c.labels.get(LABEL)
         rec = store.get_session(sid) if sid else None
@@ -367,7 +368,7 @@ def maybe_sweep(store, interval: float | None = None) -> list[str]:
     """The janitor's hook: sweep at most every `interval` seconds ($POLAR_DOCKER_SWEEP_INTERVAL,
     default 30; 0 disables), and only where a docker engine is configured."""
     if interval is None:
-        interval = float(os.environ.get("POLAR_DOCKER_SWEEP_INTERVAL", "30"))
+        interval = DockerSettings.from_env().sweep_interval
     if interval <= 0 or time.time() - _last_sweep[0] < interval:
         return []
     return sweep_now(store)
@@ -376,7 +377,7 @@ def maybe_sweep(store, interval: float | None = None) -> list[str]:
 def sweep_now(store) -> list[str]:
     """Sweep now (a worker starting: what a dead worker left), where a docker engine is configured."""
     _last_sweep[0] = time.time()
-    if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
+    if not DockerSettings.from_env().engine_configured():
         return []
     try:
         return sweep(store)
