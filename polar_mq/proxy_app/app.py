@@ -14,8 +14,8 @@ import json
 import logging
 import os
 import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -28,7 +28,7 @@ from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
 from ..tokens import redact
-from ..store import GatewayStore, StoreUnavailable, connect
+from ..store import GatewayStore, StoreUnavailable
 from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, client_socket, enforce,
                     plain_chat, read_stream)
@@ -79,7 +79,6 @@ class Gateway:
         self.pool = pool
         spool = settings.spool_dir or os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "spool")
         self.recorder = Recorder(store, spool)
-        self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="upstream")
         self._served_model = settings.served_model
         self.pause = PauseGate(PauseState(store.r, store.keys), max_hold=settings.pause_max_hold,
                                info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
@@ -192,7 +191,10 @@ class Gateway:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
-        self.executor.submit(self.stream_call, record, req, channel, inflight, route)
+        # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
+        # the open streams of a process at its size.
+        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route),
+                         name="upstream-stream", daemon=True).start()
         return self.stream(mod, req, channel, inflight)
 
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
@@ -405,12 +407,24 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     return body
 
 
+def redis_client(url: str, max_connections: int = 512):
+    """The gateway's Redis client: `store.connect`'s timeouts, and a blocking pool, so that a
+    thousand streams starting at once wait a moment for a connection instead of failing with
+    "Too many connections" (redis-py's default pool raises past 100)."""
+    import redis
+
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10,
+                                                 socket_connect_timeout=2, socket_timeout=5,
+                                                 health_check_interval=30)
+    return redis.Redis(connection_pool=pool)
+
+
 def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
                pool: UpstreamPool | None = None, startup_checks: bool = True) -> Flask:
     if store is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is required")
-        store = GatewayStore(connect(settings.redis_url))
+        store = GatewayStore(redis_client(settings.redis_url))
     if pool is None:
         pool = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
                             connect_timeout=settings.connect_timeout, retries=settings.retries,

@@ -405,7 +405,7 @@ class UpstreamPool:
         self.backoff = backoff
         self.health_interval = health_interval
         self.http = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=128)
+        adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=1024)  # kept-alive connections reused per upstream (≥ the open streams)
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
         self._stop = threading.Event()
