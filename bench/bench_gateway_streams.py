@@ -122,7 +122,8 @@ def main() -> int:
                          "tokenizes each prompt: ~50 per second here); --sleep > --ramp keeps them all open at once")
     ap.add_argument("--tokens", type=int, default=16, help="max_tokens per stream")
     ap.add_argument("--token-latency-ms", type=float, default=150.0)
-    ap.add_argument("--worker-class", default="gevent", choices=["gevent", "gthread"])
+    ap.add_argument("--worker-class", choices=["gevent", "gthread"],
+                    help="gateway worker model (default: the gateway's default, gevent)")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
     args = ap.parse_args()
 
@@ -141,7 +142,7 @@ def main() -> int:
                            logs / "ms.log"))
         procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
                             "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
-                            "--worker-class", args.worker_class],
+                            *(["--worker-class", args.worker_class] if args.worker_class else [])],
                            f"http://127.0.0.1:{gport}/health", logs / "gw.log"))
         cpu = Cpu(procs[-1].pid)
         key = requests.post(f"http://127.0.0.1:{gport}/sessions", headers=auth_headers(), json={},
@@ -180,7 +181,7 @@ def main() -> int:
     d, g = summary(direct), summary(through)
     tokens = g["ok"] * args.tokens
     result = {
-        "worker_class": args.worker_class, "streams": args.n,
+        "worker_class": args.worker_class or "default", "streams": args.n,
         "direct": d, "gateway": g,
         "ttft_overhead_p50_ms": round(g["ttft_p50_ms"] - d["ttft_p50_ms"], 1) if g["ok"] and d["ok"] else None,
         "ttft_overhead_p99_ms": round(g["ttft_p99_ms"] - d["ttft_p99_ms"], 1) if g["ok"] and d["ok"] else None,
@@ -190,7 +191,7 @@ def main() -> int:
         "rss_kib_per_open_stream": round((max(peak_rss) - rss_idle) * 1024 / max(1, g["peak_open"]), 1),
     }
     if not args.json:
-        print(f"{args.n} concurrent streams, 1 gateway worker ({args.worker_class}), "
+        print(f"{args.n} concurrent streams, 1 gateway worker ({args.worker_class or 'default'}), "
               f"upstream sleeps {args.sleep:g} s then {args.tokens} tokens at {args.token_latency_ms:g} ms")
         print(f"{'series':10s} {'ok':>6s} {'failed':>6s} {'peak open':>9s} {'TTFT p50 ms':>12s} {'TTFT p99 ms':>12s}")
         for name, s in (("direct", d), ("gateway", g)):

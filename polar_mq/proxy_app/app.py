@@ -16,14 +16,16 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .. import jsonsafe
+from . import fastjson
 from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
@@ -33,7 +35,8 @@ from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, 
 from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, client_socket, enforce,
                     plain_chat, read_stream)
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
-from .pause import PauseGate
+from .admission import CANCELLED, UNKNOWN_KEY, Admission, Ticket
+from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
@@ -45,6 +48,7 @@ ADAPTERS = {
     "openai_responses": "polar_mq.proxy_app.adapters.openai_responses",
     "gemini": "polar_mq.proxy_app.adapters.gemini",
 }
+KEY_CACHE_SIZE = 65536  # session keys remembered per process (~150 B each)
 GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
                   "countTokens": (False, True)}
 
@@ -87,6 +91,9 @@ class Gateway:
         self.passthrough = settings.stream_passthrough
         self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
         self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
+        self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
+        self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
+        self._keys_lock = threading.Lock()
         self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
 
     # --- model names ----------------------------------------------------------------------------
@@ -101,16 +108,66 @@ class Gateway:
 
     # --- sessions -------------------------------------------------------------------------------
     def session_for(self, key: str | None) -> str:
+        return self.resolve(key)[0]
+
+    def resolve(self, key: str | None) -> tuple[str, bool]:
+        """(session id, whether it came from this process's cache). A cached key is checked again
+        by the call's admission script (admission.py): keys never change their session, but a
+        collected session's key must stop working."""
         if not key:
             raise GatewayError("authentication", "missing session key: use the /s/<key> base URL or "
                                "send the key as the API key")
+        with self._keys_lock:
+            sid = self._keys.get(key)
+            if sid is not None:
+                self._keys.move_to_end(key)
+                return sid, True
         try:
             sid = self.store.resolve_key(key)
         except StoreUnavailable as exc:
             raise GatewayError("store_unavailable", f"session store unavailable: {exc}") from exc
         if sid is None:
             raise GatewayError("authentication", "unknown session key")
-        return sid
+        with self._keys_lock:
+            self._keys[key] = sid
+            while len(self._keys) > KEY_CACHE_SIZE:
+                self._keys.popitem(last=False)
+        return sid, False
+
+    def forget_key(self, key: str) -> None:
+        with self._keys_lock:
+            self._keys.pop(key, None)
+
+    def enter(self, record: CaptureRecord, key: str | None) -> Ticket | None:
+        """The call's admission round trip (admission.py); None when Redis is unavailable (the
+        call then goes on uncounted, as pause.py and calls.py handle it). `key`: a cached key
+        to check again."""
+        try:
+            ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key)
+        except Exception as exc:
+            if not _redis_error(exc):
+                raise
+            return None
+        if ticket.state == UNKNOWN_KEY:
+            self.forget_key(key or "")
+            raise GatewayError("authentication", "unknown session key")
+        return ticket
+
+    def finish(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> GatewayError | None:
+        """Store the record and let the call out of flight, in one MULTI (admission.leave)."""
+        sid, cid = record.session_id, record.call_id
+        try:
+            stored, error = self.recorder.write(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted))
+        except BaseException:
+            self.pause.release(counted)
+            self.registry.finish(inflight)
+            raise
+        if stored:
+            self.pause.released(counted)
+        else:  # Redis down: each is tried on its own (and warns) as before
+            self.pause.release(counted)
+        self.registry.finish(inflight, stored=stored)
+        return error
 
     def base_urls(self, key: str) -> dict[str, str]:
         root = f"{self.settings.base_url}/s/{key}"
@@ -127,7 +184,7 @@ class Gateway:
         return body
 
     def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight,
-             upstream: Any = None) -> Outcome:
+             upstream: Any = None, ticket: Ticket | None = None) -> Outcome:
         """One upstream call, recorded whatever happens; aborted when its session is cancelled or
         its client leaves (calls.py). `upstream` is the pool (messages path) or a token-in route
         (tito); both offer the same chat/open_stream interface."""
@@ -138,7 +195,7 @@ class Gateway:
         t0 = time.monotonic()
         try:
             # Admitted (counted in flight, stamped with policy_version) or held while paused.
-            counted = self.pause.admit(record)
+            counted = self.pause.admit(record, ticket)
             record.started_at = time.time()
             t0 = time.monotonic()
             result, url = plain_chat(upstream, body, record, inflight, self.passthrough)
@@ -155,15 +212,10 @@ class Gateway:
             log.exception("upstream call failed")
             error = GatewayError("internal", f"gateway error: {exc}")
             fill_error(record, error)
-        finally:
-            self.pause.release(counted)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        try:
-            self.recorder.save(record)
-        except GatewayError as exc:
-            return Outcome(None, exc)
-        finally:
-            self.registry.finish(inflight)
+        stored_error = self.finish(record, inflight, counted)
+        if stored_error is not None:
+            return Outcome(None, stored_error)
         return Outcome(result, error)
 
     def generate(self, provider: str, session_id: str, body: dict[str, Any], *,
@@ -182,33 +234,52 @@ class Gateway:
                             requested_params=requested)
         upstream = self.upstream_body(req)
         record.model_served = upstream["model"]
+        cached_key = getattr(g, "polar_cached_key", None)
+        ticket = self.enter(record, cached_key)
         inflight = self.registry.start(session_id, record.call_id,
-                                       None if req.stream else client_socket(request.environ))
-        route = self.tito.route(record, req)
+                                       None if req.stream else client_socket(request.environ),
+                                       cancelled=None if ticket is None else ticket.state == CANCELLED)
+        try:
+            route = self.tito.route(record, req)
+        except BaseException:  # admitted: leave flight again (the record is not written)
+            self.abandon(record, inflight, ticket)
+            raise
         if not req.stream:
-            outcome = self.call(record, upstream, inflight, route)
+            outcome = self.call(record, upstream, inflight, route, ticket)
             if outcome.error:
                 return error_response(mod, outcome.error)
             return jsonify(mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
         # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
         # the open streams of a process at its size.
-        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route),
+        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route, ticket),
                          name="upstream-stream", daemon=True).start()
         return self.stream(mod, req, channel, inflight)
 
+    def abandon(self, record: CaptureRecord, inflight: Inflight, ticket: Ticket | None) -> None:
+        """A call admitted but never started (a bug on the way): out of flight, nothing recorded."""
+        counted = ticket is not None and ticket.admitted
+        try:
+            with self.store.r.pipeline(transaction=True) as pipe:
+                self.admission.leave(pipe, record.session_id, record.call_id, counted)
+                pipe.execute()
+        except Exception:
+            log.exception("could not take call %s out of flight", record.call_id)
+        self.pause.released(counted)
+        self.registry.finish(inflight, stored=True)
+
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                    inflight: Inflight, upstream: Any = None) -> None:
+                    inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
         """Runs on an executor thread: whatever goes wrong, the stream gets its last item (an
         exception must never die silently inside the future and leave the client on pings)."""
         try:
-            self._stream_call(record, req, channel, inflight, upstream)
+            self._stream_call(record, req, channel, inflight, upstream, ticket)
         except BaseException as exc:
             log.exception("streamed call %s of session %s failed", record.call_id, record.session_id)
             channel.put(("error", GatewayError("internal", f"gateway error: {type(exc).__name__}")))
 
     def _stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                     inflight: Inflight, upstream: Any = None) -> None:
+                     inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
         """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
         events go into `channel` as the upstream produces them: ("events", [...]), then, once the
         record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
@@ -225,7 +296,7 @@ class Gateway:
         record.started_at = time.time()
         t0 = time.monotonic()
         try:
-            counted = self.pause.admit(record)  # held here while paused; the client gets pings
+            counted = self.pause.admit(record, ticket)  # held here while paused; the client gets pings
             record.started_at = time.time()
             t0 = time.monotonic()
             if not self.passthrough:
@@ -262,19 +333,14 @@ class Gateway:
         finally:
             if handle is not None:
                 handle.close()
-            self.pause.release(counted)
         if error is not None:
             if acc is not None and acc.started and handle is not None:
                 fill_partial(record, acc.result(), handle.url,
                              aborted=inflight.reason is not None)
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        try:
-            self.recorder.save(record)
-        except GatewayError as exc:
-            error = error or exc
-        finally:
-            self.registry.finish(inflight)
+        stored_error = self.finish(record, inflight, counted)
+        error = error or stored_error
         channel.put(("error", error) if error is not None else ("finish", result))
 
     def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue, inflight: Inflight) -> Response:
@@ -398,7 +464,7 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     if not data.strip():
         raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
     try:
-        body = jsonsafe.loads(data)  # NaN, lone surrogates, >64-bit ints, deep nesting: 400, never 500
+        body = fastjson.loads_body(data)  # jsonsafe's checks (NaN, lone surrogates, >64-bit ints, depth): 400, never 500
     except jsonsafe.BodyError as exc:
         what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
         raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
@@ -450,7 +516,9 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
     def provider_route(provider: str, action: Callable[[str, str | None, dict], Response]):
         def view(key: str | None = None, **kwargs: Any) -> Response:
             try:
-                sid = gw.session_for(request_key(key))
+                session_key = request_key(key)
+                sid, cached = gw.resolve(session_key)
+                g.polar_cached_key = session_key if cached else None  # checked again at admission
                 body = read_json(settings.max_body_bytes)
                 return action(sid, body, **kwargs)
             except GatewayError as err:
