@@ -3,7 +3,9 @@
 Starts an embedded Redis, the stand-in model server and the gateway (gunicorn as shipped, 1 worker
 process), then times sequential requests over keep-alive connections (one `requests.Session` per
 target, as SDK clients and harnesses hold them):
-  * a small OpenAI chat request: upstream direct vs through the gateway;
+  * a small OpenAI chat request: upstream direct vs through the gateway (and the same request
+    streamed from the upstream, for reference: the gateway streams plain calls internally so
+    that it can abort them);
   * a real recorded Claude Code request (tests/replays/claude_code/anthropic.json, its ~82 KB
     third request: 26 tools, a tool result; sent non-streamed): the chat request the gateway
     would send (the Anthropic adapter's translation) direct vs the Anthropic request through
@@ -165,7 +167,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=170)
     logs = Path(tempfile.mkdtemp(prefix="polar-bench-"))
     procs: list[subprocess.Popen] = []
     redis_server = start_embedded()
@@ -211,6 +213,12 @@ def main() -> int:
         with console.status("timing…"):
             run("small: upstream direct",
                 lambda: http.post(f"{upstream}/v1/chat/completions", json=direct_body(small_chat)), args.n)
+            # The gateway streams plain calls from the upstream too (so that it can abort them):
+            # this is what the same call costs the upstream streamed, for reference.
+            run("small: upstream direct streamed (reference)",
+                lambda: http.post(f"{upstream}/v1/chat/completions", json={
+                    **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}}),
+                args.n)
             run("small: gateway (openai chat)",
                 lambda: http.post(f"{gateway}/s/{key}/v1/chat/completions", json=small_chat), args.n, True)
             run("replay 82KB: upstream direct",
@@ -272,7 +280,8 @@ def main() -> int:
                     args.n_large)
 
         calls = http.get(f"{gateway}/sessions/{session['session_id']}/calls", headers=auth_headers(), timeout=30).json()["calls"]
-        table = Table(title=f"gateway per-call overhead (sequential, keep-alive, {os.cpu_count()} cores)")
+        table = Table(title=f"gateway per-call overhead (sequential, keep-alive, {os.cpu_count()} cores)",
+                      min_width=150)
         for col in ("series", "n", "p50 ms", "p99 ms", "p50 overhead ms", "p99 overhead ms",
                     "p50 ratio", "gateway CPU ms/call"):
             table.add_column(col, justify="left" if col == "series" else "right")
@@ -281,7 +290,7 @@ def main() -> int:
             size = name.split(":")[0]
             base = series[f"{size}: upstream direct"]
             p50, p99, b50, b99 = pct(values, .5), pct(values, .99), pct(base, .5), pct(base, .99)
-            direct = "direct" in name
+            direct = name.endswith("upstream direct")
             rows[name] = {"n": len(values), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
                           "overhead_p50_ms": round(p50 - b50, 2), "overhead_p99_ms": round(p99 - b99, 2),
                           "ratio_p50": round(p50 / b50, 3),
