@@ -9,14 +9,23 @@ from typing import Callable
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from .embedded_redis import ensure_redis
-    from .proxy_app.serve import serve
     from .settings import GatewaySettings
 
-    upstreams = args.upstream or []
     settings = GatewaySettings.from_env(host=args.host, port=args.port, served_model=args.served_model,
                                         public_url=args.public_url, tito=args.tito,
-                                        tokenizer=args.tokenizer)
+                                        tokenizer=args.tokenizer, worker_class=args.worker_class)
+    if not args.dev:  # gevent workers: patch before redis, requests and ssl are imported
+        from .proxy_app.serve import patch_for
+
+        try:
+            patch_for(settings.worker_class)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    from .embedded_redis import ensure_redis
+    from .proxy_app.serve import serve
+
+    upstreams = args.upstream or []
     if upstreams:
         settings.upstreams = upstreams
     if not settings.upstreams:
@@ -147,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--served-model", help="model name sent upstream (default: ask /v1/models)")
     gw.add_argument("--public-url", help="base URL handed to harnesses (default http://HOST:PORT)")
     gw.add_argument("--workers", type=int, help="gunicorn worker processes")
+    gw.add_argument("--worker-class", choices=["gevent", "gthread"],
+                    help="gunicorn worker model (default gevent: thousands of open streams per "
+                         "process; $POLAR_GATEWAY_WORKER)")
     gw.add_argument("--tito", choices=["auto", "on", "off"],
                     help="token-in continuation (default auto: on when --tokenizer is given and the "
                          "upstream takes token-id prompts; $POLAR_TITO)")

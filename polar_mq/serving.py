@@ -13,7 +13,10 @@ from flask import Flask
 
 def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
                workers: int | None = None, threads: int = 64, timeout: int = 120,
-               on_child_exit: Callable[[int], None] | None = None) -> None:
+               on_child_exit: Callable[[int], None] | None = None, worker_class: str = "gthread",
+               worker_connections: int = 1000) -> None:
+    """`worker_class` "gevent" needs the process monkey-patched before anything else is imported
+    (the caller does that: see polar_mq/proxy_app/serve.py)."""
     if dev:
         import logging
 
@@ -31,8 +34,9 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
             self.options: dict[str, Any] = {
                 "bind": f"{host}:{port}",
                 "workers": workers or max(2, min(4, multiprocessing.cpu_count())),
-                "worker_class": "gthread",
+                "worker_class": worker_class,
                 "threads": threads,
+                "worker_connections": worker_connections,
                 # gthread keeps long requests in threads; this only guards a stuck worker loop.
                 "timeout": timeout,
                 "graceful_timeout": 30,

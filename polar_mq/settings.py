@@ -110,6 +110,10 @@ class GatewaySettings:
     stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
     tito: str = "auto"  # token-in continuation: auto | on | off (proxy_app/tito)
     tokenizer: str | None = None  # the served model's tokenizer directory (needed for tito)
+    # gunicorn worker model: gevent (one greenlet per connection: thousands of open streams per
+    # process, keep-alive handled inline) or gthread (one thread per request, `threads` of them).
+    worker_class: str = "gevent"
+    worker_connections: int = 4096  # gevent: connections one worker process holds at once
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewaySettings":
@@ -128,6 +132,8 @@ class GatewaySettings:
             stream_passthrough=env.get("POLAR_STREAM_PASSTHROUGH", "1").lower() not in ("0", "false", "no"),
             tito=env.get("POLAR_TITO") or "auto",
             tokenizer=env.get("POLAR_TOKENIZER") or None,
+            worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",
+            worker_connections=int(env.get("POLAR_GATEWAY_CONNECTIONS") or 4096),
         )
         for k, v in overrides.items():
             if v is not None:

@@ -10,7 +10,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgpack
 import redis
@@ -284,7 +284,8 @@ class GatewayStore:
         sid = self.r.get(self.keys.gateway_key(key))
         return sid.decode() if sid else None
 
-    def _write(self, records: list[CaptureRecord], trust_cache: bool = True) -> int:
+    def _write(self, records: list[CaptureRecord], trust_cache: bool = True,
+               also: Callable[[Any], None] | None = None) -> int:
         """Chunks (HSETNX: each stored once per session) and envelopes in one MULTI, so a reader
         never sees an envelope whose chunks are not there yet. Chunks this process stored before
         are not sent again; if the session's chunk hash vanished meanwhile (collected), the write
@@ -307,6 +308,8 @@ class GatewayStore:
             for digest, stored in chunks.items():
                 pipe.hsetnx(key, digest, stored)
             pipe.rpush(calls_key, blob)
+        if also is not None:  # the writer's own commands, in the same MULTI (proxy_app/admission.py)
+            also(pipe)
         results = pipe.execute()
         if relied and not all(results[:len(relied)]):
             for sid in used:
@@ -323,8 +326,9 @@ class GatewayStore:
         return len(records)
 
     @_guard
-    def append_call(self, record: CaptureRecord) -> None:
-        self._write([record])
+    def append_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> None:
+        """`also` queues more commands on the record's MULTI (one round trip for all of them)."""
+        self._write([record], also=also)
 
     @_guard
     def calls(self, session_id: str) -> list[CaptureRecord]:

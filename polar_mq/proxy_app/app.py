@@ -1,369 +1,41 @@
-"""The gateway: routes each provider API to its adapter, one upstream call and one record per call.
-
-Flow of a generation: resolve the session key → adapter.to_chat → upstream chat (with token ids)
-→ CaptureRecord stored in Redis → adapter.from_chat back to the client. A streamed generation
-streams from the upstream too: each chunk becomes normalised events (upstream.StreamAccumulator),
-which the adapter's translator turns into provider frames at once; the record is stored before
-the final event goes out.
+"""The gateway's web layer (Flask): routes each provider API to the gateway core (core.py) and
+turns its replies into responses. The core does one upstream call and one record per call.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
-import os
-import queue
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .. import jsonsafe
-from ..model import CaptureRecord
-from ..pause_state import PauseState
 from ..settings import GatewaySettings
+from ..store import GatewayStore
 from ..tokens import redact
-from ..store import GatewayStore, StoreUnavailable, connect
-from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
-from .calls import (CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, client_socket, enforce,
-                    plain_chat, read_stream)
-from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
-from .pause import PauseGate
-from .tito import Tito
-from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
+from . import fastjson
+from .adapters.base import GatewayError
+from .calls import client_socket
+from .core import (ADAPTERS, GEMINI_ACTIONS, CallContext, Gateway, JsonReply, Outcome,  # noqa: F401
+                   StreamReply, adapter, error_reply, provider_for_path)
+from .upstream import UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
 
-ADAPTERS = {
-    "anthropic": "polar_mq.proxy_app.adapters.anthropic",
-    "openai_chat": "polar_mq.proxy_app.adapters.openai_chat",
-    "openai_responses": "polar_mq.proxy_app.adapters.openai_responses",
-    "gemini": "polar_mq.proxy_app.adapters.gemini",
-}
-GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
-                  "countTokens": (False, True)}
 
-
-def adapter(provider: str) -> ModuleType:
-    return importlib.import_module(ADAPTERS[provider])
-
-
-def provider_for_path(path: str) -> str:
-    """Which provider's error shape a path expects (used before routing succeeded, too)."""
-    if "/messages" in path:
-        return "anthropic"
-    if "/responses" in path:
-        return "openai_responses"
-    if "/models/" in path and ":" in path:
-        return "gemini"
-    return "openai_chat"
-
-
-@dataclass
-class Outcome:
-    result: ChatResult | None
-    error: GatewayError | None
-
-
-class Gateway:
-    """Shared state of one gateway process: settings, Redis store, upstream pool, worker threads."""
-
-    def __init__(self, settings: GatewaySettings, store: GatewayStore, pool: UpstreamPool):
-        self.settings = settings
-        self.store = store
-        self.pool = pool
-        spool = settings.spool_dir or os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "spool")
-        self.recorder = Recorder(store, spool)
-        self.executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="upstream")
-        self._served_model = settings.served_model
-        self.pause = PauseGate(PauseState(store.r, store.keys), max_hold=settings.pause_max_hold,
-                               info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
-        # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
-        # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
-        self.passthrough = settings.stream_passthrough
-        self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
-        self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
-        self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
-
-    # --- model names ----------------------------------------------------------------------------
-    @property
-    def served_model(self) -> str:
-        if not self._served_model:
-            self._served_model = self.pool.served_model()
-        if not self._served_model:
-            raise GatewayError("upstream_unavailable", "no upstream answered /v1/models; "
-                               "cannot tell which model to serve (pass --served-model)")
-        return self._served_model
-
-    # --- sessions -------------------------------------------------------------------------------
-    def session_for(self, key: str | None) -> str:
-        if not key:
-            raise GatewayError("authentication", "missing session key: use the /s/<key> base URL or "
-                               "send the key as the API key")
-        try:
-            sid = self.store.resolve_key(key)
-        except StoreUnavailable as exc:
-            raise GatewayError("store_unavailable", f"session store unavailable: {exc}") from exc
-        if sid is None:
-            raise GatewayError("authentication", "unknown session key")
-        return sid
-
-    def base_urls(self, key: str) -> dict[str, str]:
-        root = f"{self.settings.base_url}/s/{key}"
-        return {"anthropic": root, "openai": f"{root}/v1", "gemini": root}
-
-    # --- generation -----------------------------------------------------------------------------
-    def upstream_body(self, req: ChatRequest, stream: bool = False) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.served_model, "messages": req.messages, **req.params,
-                                "stream": stream, "logprobs": True, "return_token_ids": True}
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if req.tools:
-            body["tools"] = req.tools
-        return body
-
-    def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight,
-             upstream: Any = None) -> Outcome:
-        """One upstream call, recorded whatever happens; aborted when its session is cancelled or
-        its client leaves (calls.py). `upstream` is the pool (messages path) or a token-in route
-        (tito); both offer the same chat/open_stream interface."""
-        upstream = upstream or self.pool
-        result = error = None
-        counted = False
-        record.started_at = time.time()
-        t0 = time.monotonic()
-        try:
-            # Admitted (counted in flight, stamped with policy_version) or held while paused.
-            counted = self.pause.admit(record)
-            record.started_at = time.time()
-            t0 = time.monotonic()
-            result, url = plain_chat(upstream, body, record, inflight, self.passthrough)
-            fill_result(record, result, url)
-        except Aborted as exc:
-            error = exc.error
-            if exc.partial is not None:
-                fill_partial(record, exc.partial, exc.url, aborted=True)
-            fill_error(record, error)
-        except GatewayError as exc:
-            error = exc
-            fill_error(record, exc)
-        except Exception as exc:  # never lose the record, even on a bug
-            log.exception("upstream call failed")
-            error = GatewayError("internal", f"gateway error: {exc}")
-            fill_error(record, error)
-        finally:
-            self.pause.release(counted)
-        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        try:
-            self.recorder.save(record)
-        except GatewayError as exc:
-            return Outcome(None, exc)
-        finally:
-            self.registry.finish(inflight)
-        return Outcome(result, error)
-
-    def generate(self, provider: str, session_id: str, body: dict[str, Any], *,
-                 model: str | None = None, stream: bool | None = None,
-                 extra: dict[str, Any] | None = None) -> Response:
-        mod = adapter(provider)
-        req: ChatRequest = mod.to_chat(body)
-        if model:
-            req.model = model
-        if stream is not None:
-            req.stream = stream
-        req.extra.update(extra or {})
-        requested = enforce(req, self.policies.get(session_id))
-        record = new_record(session_id, provider, req, body, self._served_model,
-                            retry_count=_int(request.headers.get("x-stainless-retry-count")),
-                            requested_params=requested)
-        upstream = self.upstream_body(req)
-        record.model_served = upstream["model"]
-        inflight = self.registry.start(session_id, record.call_id,
-                                       None if req.stream else client_socket(request.environ))
-        route = self.tito.route(record, req)
-        if not req.stream:
-            outcome = self.call(record, upstream, inflight, route)
-            if outcome.error:
-                return error_response(mod, outcome.error)
-            return jsonify(mod.from_chat(outcome.result, req))
-        channel: queue.Queue = queue.Queue()
-        self.executor.submit(self.stream_call, record, req, channel, inflight, route)
-        return self.stream(mod, req, channel, inflight)
-
-    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                    inflight: Inflight, upstream: Any = None) -> None:
-        """Runs on an executor thread: whatever goes wrong, the stream gets its last item (an
-        exception must never die silently inside the future and leave the client on pings)."""
-        try:
-            self._stream_call(record, req, channel, inflight, upstream)
-        except BaseException as exc:
-            log.exception("streamed call %s of session %s failed", record.call_id, record.session_id)
-            channel.put(("error", GatewayError("internal", f"gateway error: {type(exc).__name__}")))
-
-    def _stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                     inflight: Inflight, upstream: Any = None) -> None:
-        """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
-        events go into `channel` as the upstream produces them: ("events", [...]), then, once the
-        record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
-        or the session is cancelled the upstream connection is closed (vLLM then aborts the
-        generation) and the record keeps what was sampled. An upstream that cannot stream token
-        ids gets a non-streaming call, replayed as events. `upstream` is the pool
-        or a token-in route (tito)."""
-        upstream = upstream or self.pool
-        result: ChatResult | None = None
-        error: GatewayError | None = None
-        acc: StreamAccumulator | None = None
-        handle = None
-        counted = False
-        record.started_at = time.time()
-        t0 = time.monotonic()
-        try:
-            counted = self.pause.admit(record)  # held here while paused; the client gets pings
-            record.started_at = time.time()
-            t0 = time.monotonic()
-            if not self.passthrough:
-                record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
-            elif upstream.can_stream(record.session_id):
-                try:
-                    handle = upstream.open_stream(self.upstream_body(req, stream=True), record.session_id)
-                except NoStreamIds as exc:
-                    record.notes.append(f"synthetic stream: upstream {exc} streams without token ids")
-            else:
-                record.notes.append("synthetic stream: the upstream does not stream token ids")
-            if handle is not None:
-                acc = StreamAccumulator()
-                aborted = read_stream(handle, inflight, acc, lambda events: channel.put(("events", events)))
-                if aborted is not None:
-                    raise aborted
-                if not acc.finished:
-                    raise GatewayError("upstream_error", f"upstream {handle.url} ended the stream "
-                                       "before its answer finished")
-                result = acc.result()
-                if result.completion_token_ids is None or result.notes:
-                    upstream.mark_no_stream_ids(handle.url)
-                fill_result(record, result, handle.url)
-            else:
-                result, url = plain_chat(upstream, self.upstream_body(req), record, inflight, False)
-                fill_result(record, result, url)
-                events = list(replay(result))
-                channel.put(("events", events[:-1]))  # the finish waits for the record
-        except GatewayError as exc:
-            error = exc
-        except Exception as exc:  # never lose the record, even on a bug
-            log.exception("streamed upstream call failed")
-            error = GatewayError("internal", f"gateway error: {exc}")
-        finally:
-            if handle is not None:
-                handle.close()
-            self.pause.release(counted)
-        if error is not None:
-            if acc is not None and acc.started and handle is not None:
-                fill_partial(record, acc.result(), handle.url,
-                             aborted=inflight.reason is not None)
-            fill_error(record, error)
-        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        try:
-            self.recorder.save(record)
-        except GatewayError as exc:
-            error = error or exc
-        finally:
-            self.registry.finish(inflight)
-        channel.put(("error", error) if error is not None else ("finish", result))
-
-    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue, inflight: Inflight) -> Response:
-        """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
-        that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
-        upstream is quiet. Frames are written as the upstream's chunks arrive."""
-        try:
-            first = channel.get(timeout=self.settings.first_byte_wait)
-        except queue.Empty:
-            first = None
-        if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
-            return error_response(mod, first[1])
-        content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
-        # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
-        ping = mod.stream_ping(req) if hasattr(mod, "stream_ping") else PING
-        interval = self.settings.ping_interval
-        translator = mod.stream_translator(req)
-
-        def frames() -> Iterator[bytes]:
-            done = False
-            try:
-                yield from frames_until_done()
-                done = True
-            finally:
-                if not done:  # the client went away: nobody wants the rest of the generation
-                    inflight.abort(CLIENT_GONE)
-
-        def frames_until_done() -> Iterator[bytes]:
-            item = first
-            if item is None:
-                yield ping
-            while True:
-                while item is None:
-                    try:
-                        item = channel.get(timeout=interval)
-                    except queue.Empty:
-                        yield ping
-                # What else had already arrived goes out in the same write (fewer syscalls when the
-                # upstream is faster than this connection), but never more: a reader that keeps
-                # the queue non-empty must not hold the frames back.
-                backlog = min(channel.qsize(), 64)
-                out: list[bytes] = []
-                while item is not None:
-                    kind, payload = item
-                    if kind == "events":
-                        out.extend(translator.feed_all(payload))
-                    elif kind == "finish":
-                        out.extend(translator.feed(StreamEvent(FINISH, result=payload)))
-                        yield b"".join(out)
-                        return
-                    else:
-                        out.extend(translator.error(payload))
-                        yield b"".join(out)
-                        return
-                    item = None
-                    if backlog > 0:
-                        backlog -= 1
-                        try:
-                            item = channel.get_nowait()
-                        except queue.Empty:
-                            pass
-                if out:
-                    yield b"".join(out)
-
-        return Response(frames(), status=200, content_type=content_type,
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    def count_tokens(self, provider: str, session_id: str, body: dict[str, Any]) -> Response:
-        """Token counting answers from the upstream's tokenizer and records nothing."""
-        mod = adapter(provider)
-        if provider == "gemini" and hasattr(mod, "count_request_body"):
-            body = mod.count_request_body(body)
-        if provider == "anthropic":
-            body = {"max_tokens": 1, **body}
-        if provider == "gemini":
-            body = {"model": "count", **body}
-        req = mod.to_chat(body)
-        n = self.pool.tokenize(req.messages, req.tools, self.served_model, session_id)
-        if n is None:  # no upstream tokenizer: a rough estimate beats an error for a count
-            n = max(1, len(json.dumps(req.messages)) // 4)
-        return jsonify(mod.count_tokens_response(n))
-
-
-def error_response(mod: ModuleType, err: GatewayError) -> Response:
-    status, body = mod.error_response(err)
-    resp = jsonify(body)
-    resp.status_code = status
-    resp.headers["x-should-retry"] = "true" if err.retryable else "false"
-    if status in (429, 503, 529):
-        resp.headers["retry-after"] = "1"
+def to_response(reply: JsonReply | StreamReply) -> Response:
+    if isinstance(reply, StreamReply):
+        return Response(reply.frames, status=200, content_type=reply.content_type, headers=reply.headers)
+    resp = jsonify(reply.body)
+    resp.status_code = reply.status
+    for name, value in reply.headers.items():
+        resp.headers[name] = value
     return resp
+
+
+def error_response(mod, err: GatewayError) -> Response:
+    return to_response(error_reply(mod, err))
 
 
 def _int(value: str | None) -> int:
@@ -396,7 +68,7 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     if not data.strip():
         raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
     try:
-        body = jsonsafe.loads(data)  # NaN, lone surrogates, >64-bit ints, deep nesting: 400, never 500
+        body = fastjson.loads_body(data)  # jsonsafe's checks (NaN, lone surrogates, >64-bit ints, depth): 400, never 500
     except jsonsafe.BodyError as exc:
         what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
         raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
@@ -405,12 +77,24 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     return body
 
 
+def redis_client(url: str, max_connections: int = 512):
+    """The gateway's Redis client: `store.connect`'s timeouts, and a blocking pool, so that a
+    thousand streams starting at once wait a moment for a connection instead of failing with
+    "Too many connections" (redis-py's default pool raises past 100)."""
+    import redis
+
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10,
+                                                 socket_connect_timeout=2, socket_timeout=5,
+                                                 health_check_interval=30)
+    return redis.Redis(connection_pool=pool)
+
+
 def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
                pool: UpstreamPool | None = None, startup_checks: bool = True) -> Flask:
     if store is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is required")
-        store = GatewayStore(connect(settings.redis_url))
+        store = GatewayStore(redis_client(settings.redis_url))
     if pool is None:
         pool = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
                             connect_timeout=settings.connect_timeout, retries=settings.retries,
@@ -433,12 +117,16 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1024
     app.extensions["polar_gateway"] = gw
 
-    def provider_route(provider: str, action: Callable[[str, str | None, dict], Response]):
+    def provider_route(provider: str, action: Callable[..., JsonReply | StreamReply]):
         def view(key: str | None = None, **kwargs: Any) -> Response:
             try:
-                sid = gw.session_for(request_key(key))
+                session_key = request_key(key)
+                sid, cached = gw.resolve(session_key)
+                context = CallContext(retry_count=_int(request.headers.get("x-stainless-retry-count")),
+                                      client_socket=client_socket(request.environ),
+                                      cached_key=session_key if cached else None)
                 body = read_json(settings.max_body_bytes)
-                return action(sid, body, **kwargs)
+                return to_response(action(sid, body, context, **kwargs))
             except GatewayError as err:
                 return error_response(adapter(provider), err)
         return view
@@ -448,18 +136,19 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
         app.add_url_rule(f"/s/<key>{rule}", f"s_{endpoint}", view, methods=list(methods), **options)
 
     add("/v1/messages", "anthropic", provider_route(
-        "anthropic", lambda sid, body: gw.generate("anthropic", sid, body)))
+        "anthropic", lambda sid, body, ctx: gw.generate("anthropic", sid, body, context=ctx)))
     add("/v1/messages/count_tokens", "anthropic_count", provider_route(
-        "anthropic", lambda sid, body: gw.count_tokens("anthropic", sid, body)))
-    chat_view = provider_route("openai_chat", lambda sid, body: gw.generate("openai_chat", sid, body))
+        "anthropic", lambda sid, body, ctx: gw.count_tokens("anthropic", sid, body)))
+    chat_view = provider_route("openai_chat", lambda sid, body, ctx: gw.generate("openai_chat", sid, body,
+                                                                                 context=ctx))
     add("/v1/chat/completions", "chat", chat_view)
     add("/chat/completions", "chat_nov1", chat_view)
     add("/v1/responses", "responses", provider_route(
-        "openai_responses", lambda sid, body: gw.generate("openai_responses", sid, body)))
+        "openai_responses", lambda sid, body, ctx: gw.generate("openai_responses", sid, body, context=ctx)))
     add("/v1/responses/input_tokens", "responses_count", provider_route(
-        "openai_responses", lambda sid, body: gw.count_tokens("openai_responses", sid, body)))
+        "openai_responses", lambda sid, body, ctx: gw.count_tokens("openai_responses", sid, body)))
 
-    def gemini_action(sid: str, body: dict, target: str) -> Response:
+    def gemini_action(sid: str, body: dict, ctx: CallContext, target: str) -> JsonReply | StreamReply:
         model, _, action = target.rpartition(":")
         if action not in GEMINI_ACTIONS or not model:
             raise GatewayError("not_found", f"unknown Gemini method {target!r}; expected "
@@ -468,7 +157,8 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
         if count:
             return gw.count_tokens("gemini", sid, body)
         extra = {"alt": request.args.get("alt", "json")}
-        return gw.generate("gemini", sid, {"model": model, **body}, model=model, stream=stream, extra=extra)
+        return gw.generate("gemini", sid, {"model": model, **body}, model=model, stream=stream, extra=extra,
+                           context=ctx)
 
     add("/v1beta/models/<path:target>", "gemini_beta", provider_route("gemini", gemini_action))
     add("/v1/models/<path:target>", "gemini_v1", provider_route("gemini", gemini_action))

@@ -132,11 +132,16 @@ class CallRegistry:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def start(self, session_id: str, call_id: str, client_socket: socket.socket | None = None) -> Inflight:
-        """Register a generation; refused (GatewayError) when its session is already cancelled."""
+    def start(self, session_id: str, call_id: str, client_socket: socket.socket | None = None,
+              cancelled: bool | None = None) -> Inflight:
+        """Register a generation; refused (GatewayError) when its session is already cancelled.
+        `cancelled`: the admission script (admission.py) already registered it in Redis and
+        says whether the session was cancelled; None: register here (one round trip)."""
         call = Inflight(session_id, call_id, client_socket)
         try:
-            if not self.store.call_started(session_id, call_id):
+            if cancelled is None:
+                cancelled = not self.store.call_started(session_id, call_id)
+            if cancelled:
                 call.reason = SESSION_CANCELLED
                 raise call.error(started=False)
         except StoreUnavailable:
@@ -148,10 +153,13 @@ class CallRegistry:
                 self._thread.start()
         return call
 
-    def finish(self, call: Inflight) -> None:
-        """After the record is stored: the call no longer counts as in flight."""
+    def finish(self, call: Inflight, stored: bool = False) -> None:
+        """After the record is stored: the call no longer counts as in flight. `stored`: its
+        in-flight entry left Redis in the record's own MULTI (admission.leave)."""
         with self._lock:
             self._calls.pop(call.call_id, None)
+        if stored:
+            return
         try:
             self.store.call_finished(call.session_id, call.call_id)
         except StoreUnavailable:

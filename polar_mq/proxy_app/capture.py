@@ -93,30 +93,42 @@ class Recorder:
         A record that cannot be encoded as it is (a value the edge checks let through) is stored
         sanitized (jsonsafe.sanitize, noted in the record) and the caller gets an error: it never
         vanishes and never leaves a client waiting."""
+        _, error = self.write(record)
+        if error is not None:
+            raise error
+
+    def write(self, record: CaptureRecord, also: Callable[[Any], None] | None = None
+              ) -> tuple[bool, GatewayError | None]:
+        """`save` without raising: (whether a copy reached Redis, the error for the client).
+        `also` queues more commands on the record's own MULTI (the call leaving flight,
+        admission.py); they ran exactly when a copy reached Redis."""
         for observe in self.observers:
             try:
                 observe(record)
             except Exception:  # metrics must never cost a record
                 log.exception("record observer failed")
         try:
-            self.store.append_call(record)
+            self.store.append_call(record, also)
+            return True, None
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it
             log.error("call %s of session %s could not be encoded (%s: %s); storing a sanitized copy",
                       record.call_id, record.session_id, type(exc).__name__, exc)
             clean = CaptureRecord.from_dict(jsonsafe.sanitize(record.to_dict()))
             clean.notes.append(f"sanitized before storing: {type(exc).__name__}: {exc}")
             clean.status, clean.error = "error", clean.error or f"record could not be stored as sent: {exc}"
+            stored = True
             try:
-                self.store.append_call(clean)
+                self.store.append_call(clean, also)
             except StoreUnavailable:
                 self._spool(clean)
-            raise GatewayError("invalid_request", f"the call could not be recorded as sent ({exc}); "
-                               "a sanitized copy was kept") from None
+                stored = False
+            return stored, GatewayError("invalid_request", f"the call could not be recorded as sent "
+                                        f"({exc}); a sanitized copy was kept")
         except StoreUnavailable as exc:
             self._spool(record)
-            raise GatewayError("store_unavailable",
-                               f"the gateway could not store the call ({exc}); it was kept in the "
-                               f"gateway's spool and will be replayed. Retry the request.") from exc
+            return False, GatewayError("store_unavailable",
+                                       f"the gateway could not store the call ({exc}); it was kept in the "
+                                       f"gateway's spool and will be replayed. Retry the request.")
 
     def _spool(self, record: CaptureRecord) -> None:
         self.spool_dir.mkdir(parents=True, exist_ok=True)

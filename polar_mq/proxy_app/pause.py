@@ -17,12 +17,15 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..model import CaptureRecord
 from ..pause_state import HEARTBEAT_INTERVAL, PauseState
 from ..store import StoreUnavailable
 from .adapters.base import GatewayError
+
+if TYPE_CHECKING:
+    from .admission import Ticket
 
 log = logging.getLogger("polar_mq.gateway.pause")
 
@@ -39,10 +42,16 @@ class PauseGate:
         self._thread: threading.Thread | None = None
         self.observers: list[Callable[[int], None]] = []  # in-flight changes, for live metrics (metrics.py)
 
-    def admit(self, record: CaptureRecord) -> bool:
+    def admit(self, record: CaptureRecord, ticket: "Ticket | None" = None) -> bool:
         """Wait until generation may start; stamps `policy_version` and `held_ms`. Returns whether
         the call was counted in flight (then `release` must follow). Redis down: the call goes
-        on uncounted (the records are spooled; a pause cannot be enforced without Redis)."""
+        on uncounted (the records are spooled; a pause cannot be enforced without Redis).
+        `ticket`: the call's admission script already admitted it (admission.py): no round trip."""
+        if ticket is not None and ticket.admitted:
+            record.policy_version = ticket.version
+            for observe in self.observers:
+                observe(1)
+            return True
         t0 = time.monotonic()
         while True:
             try:
@@ -66,6 +75,12 @@ class PauseGate:
                 raise GatewayError("upstream_unavailable", f"generation held {held:.0f} s by a weight-sync "
                                    "pause that has not ended; retry later")
             time.sleep(HOLD_POLL)
+
+    def released(self, counted: bool) -> None:
+        """The call's uncount went out with its record (admission.leave): tell the observers."""
+        if counted:
+            for observe in self.observers:
+                observe(-1)
 
     def release(self, counted: bool) -> None:
         if not counted:

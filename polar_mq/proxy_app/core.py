@@ -1,0 +1,462 @@
+"""The gateway core, without a web framework: plain arguments in, a JSON reply or a frame
+iterator out (app.py is the Flask layer that turns requests into these calls and replies into
+responses).
+
+Flow of a generation: adapter.to_chat → sampling policy → admission (one Redis script:
+admission.py) → upstream chat (with token ids) → CaptureRecord stored in Redis in one MULTI with
+the call's exit from flight → adapter.from_chat back to the client. A streamed generation
+streams from the upstream too: each chunk becomes normalised events (vllm_wire.StreamAccumulator),
+which the adapter's translator turns into provider frames at once; the record is stored before
+the final event goes out.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Iterator
+
+from ..model import CaptureRecord
+from ..pause_state import PauseState
+from ..settings import GatewaySettings
+from ..store import GatewayStore, StoreUnavailable
+from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from .admission import CANCELLED, UNKNOWN_KEY, Admission, Ticket
+from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, read_stream
+from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
+from .pause import PauseGate, _redis_error
+from .tito import Tito
+from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
+
+log = logging.getLogger("polar_mq.gateway")
+
+ADAPTERS = {
+    "anthropic": "polar_mq.proxy_app.adapters.anthropic",
+    "openai_chat": "polar_mq.proxy_app.adapters.openai_chat",
+    "openai_responses": "polar_mq.proxy_app.adapters.openai_responses",
+    "gemini": "polar_mq.proxy_app.adapters.gemini",
+}
+KEY_CACHE_SIZE = 65536  # session keys remembered per process (~150 B each)
+GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
+                  "countTokens": (False, True)}
+
+
+def adapter(provider: str) -> ModuleType:
+    return importlib.import_module(ADAPTERS[provider])
+
+
+def provider_for_path(path: str) -> str:
+    """Which provider's error shape a path expects (used before routing succeeded, too)."""
+    if "/messages" in path:
+        return "anthropic"
+    if "/responses" in path:
+        return "openai_responses"
+    if "/models/" in path and ":" in path:
+        return "gemini"
+    return "openai_chat"
+
+
+@dataclass
+class Outcome:
+    result: ChatResult | None
+    error: GatewayError | None
+
+
+@dataclass
+class CallContext:
+    """What the web layer knows about a call beyond its body (plain values, no Flask)."""
+
+    retry_count: int = 0  # the SDK's x-stainless-retry-count
+    client_socket: socket.socket | None = None  # watched for a client that went away (plain calls)
+    cached_key: str | None = None  # a session key resolved from the cache: re-checked at admission
+
+
+@dataclass
+class JsonReply:
+    """A JSON answer: what the web layer serialises (status, body, extra headers)."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StreamReply:
+    """A streamed answer: frames to write as they come (an iterator; closing it early aborts
+    the generation, as a client that went away)."""
+
+    frames: Iterator[bytes]
+    content_type: str
+    headers: dict[str, str] = field(default_factory=lambda: {"Cache-Control": "no-cache",
+                                                              "X-Accel-Buffering": "no"})
+
+
+def error_reply(mod: ModuleType, err: GatewayError) -> JsonReply:
+    status, body = mod.error_response(err)
+    headers = {"x-should-retry": "true" if err.retryable else "false"}
+    if status in (429, 503, 529):
+        headers["retry-after"] = "1"
+    return JsonReply(status, body, headers)
+
+
+class Gateway:
+    """Shared state of one gateway process: settings, Redis store, upstream pool, worker threads."""
+
+    def __init__(self, settings: GatewaySettings, store: GatewayStore, pool: UpstreamPool):
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        spool = settings.spool_dir or os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "spool")
+        self.recorder = Recorder(store, spool)
+        self._served_model = settings.served_model
+        self.pause = PauseGate(PauseState(store.r, store.keys), max_hold=settings.pause_max_hold,
+                               info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
+        # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
+        # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
+        self.passthrough = settings.stream_passthrough
+        self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
+        self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
+        self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
+        self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
+        self._keys_lock = threading.Lock()
+        self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
+
+    # --- model names ----------------------------------------------------------------------------
+    @property
+    def served_model(self) -> str:
+        if not self._served_model:
+            self._served_model = self.pool.served_model()
+        if not self._served_model:
+            raise GatewayError("upstream_unavailable", "no upstream answered /v1/models; "
+                               "cannot tell which model to serve (pass --served-model)")
+        return self._served_model
+
+    # --- sessions -------------------------------------------------------------------------------
+    def session_for(self, key: str | None) -> str:
+        return self.resolve(key)[0]
+
+    def resolve(self, key: str | None) -> tuple[str, bool]:
+        """(session id, whether it came from this process's cache). A cached key is checked again
+        by the call's admission script (admission.py): keys never change their session, but a
+        collected session's key must stop working."""
+        if not key:
+            raise GatewayError("authentication", "missing session key: use the /s/<key> base URL or "
+                               "send the key as the API key")
+        with self._keys_lock:
+            sid = self._keys.get(key)
+            if sid is not None:
+                self._keys.move_to_end(key)
+                return sid, True
+        try:
+            sid = self.store.resolve_key(key)
+        except StoreUnavailable as exc:
+            raise GatewayError("store_unavailable", f"session store unavailable: {exc}") from exc
+        if sid is None:
+            raise GatewayError("authentication", "unknown session key")
+        with self._keys_lock:
+            self._keys[key] = sid
+            while len(self._keys) > KEY_CACHE_SIZE:
+                self._keys.popitem(last=False)
+        return sid, False
+
+    def forget_key(self, key: str) -> None:
+        with self._keys_lock:
+            self._keys.pop(key, None)
+
+    def enter(self, record: CaptureRecord, key: str | None) -> Ticket | None:
+        """The call's admission round trip (admission.py); None when Redis is unavailable (the
+        call then goes on uncounted, as pause.py and calls.py handle it). `key`: a cached key
+        to check again."""
+        try:
+            ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key)
+        except Exception as exc:
+            if not _redis_error(exc):
+                raise
+            return None
+        if ticket.state == UNKNOWN_KEY:
+            self.forget_key(key or "")
+            raise GatewayError("authentication", "unknown session key")
+        return ticket
+
+    def finish(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> GatewayError | None:
+        """Store the record and let the call out of flight, in one MULTI (admission.leave)."""
+        sid, cid = record.session_id, record.call_id
+        try:
+            stored, error = self.recorder.write(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted))
+        except BaseException:
+            self.pause.release(counted)
+            self.registry.finish(inflight)
+            raise
+        if stored:
+            self.pause.released(counted)
+        else:  # Redis down: each is tried on its own (and warns) as before
+            self.pause.release(counted)
+        self.registry.finish(inflight, stored=stored)
+        return error
+
+    def base_urls(self, key: str) -> dict[str, str]:
+        root = f"{self.settings.base_url}/s/{key}"
+        return {"anthropic": root, "openai": f"{root}/v1", "gemini": root}
+
+    # --- generation -----------------------------------------------------------------------------
+    def upstream_body(self, req: ChatRequest, stream: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.served_model, "messages": req.messages, **req.params,
+                                "stream": stream, "logprobs": True, "return_token_ids": True}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if req.tools:
+            body["tools"] = req.tools
+        return body
+
+    def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight,
+             upstream: Any = None, ticket: Ticket | None = None) -> Outcome:
+        """One upstream call, recorded whatever happens; aborted when its session is cancelled or
+        its client leaves (calls.py). `upstream` is the pool (messages path) or a token-in route
+        (tito); both offer the same chat/open_stream interface."""
+        upstream = upstream or self.pool
+        result = error = None
+        counted = False
+        record.started_at = time.time()
+        t0 = time.monotonic()
+        try:
+            # Admitted (counted in flight, stamped with policy_version) or held while paused.
+            counted = self.pause.admit(record, ticket)
+            record.started_at = time.time()
+            t0 = time.monotonic()
+            result, url = plain_chat(upstream, body, record, inflight, self.passthrough)
+            fill_result(record, result, url)
+        except Aborted as exc:
+            error = exc.error
+            if exc.partial is not None:
+                fill_partial(record, exc.partial, exc.url, aborted=True)
+            fill_error(record, error)
+        except GatewayError as exc:
+            error = exc
+            fill_error(record, exc)
+        except Exception as exc:  # never lose the record, even on a bug
+            log.exception("upstream call failed")
+            error = GatewayError("internal", f"gateway error: {exc}")
+            fill_error(record, error)
+        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
+        stored_error = self.finish(record, inflight, counted)
+        if stored_error is not None:
+            return Outcome(None, stored_error)
+        return Outcome(result, error)
+
+    def generate(self, provider: str, session_id: str, body: dict[str, Any], *,
+                 model: str | None = None, stream: bool | None = None,
+                 extra: dict[str, Any] | None = None,
+                 context: CallContext | None = None) -> JsonReply | StreamReply:
+        """One generation: the provider body in, the answer out (JSON or a frame iterator)."""
+        context = context or CallContext()
+        mod = adapter(provider)
+        req: ChatRequest = mod.to_chat(body)
+        if model:
+            req.model = model
+        if stream is not None:
+            req.stream = stream
+        req.extra.update(extra or {})
+        requested = enforce(req, self.policies.get(session_id))
+        record = new_record(session_id, provider, req, body, self._served_model,
+                            retry_count=context.retry_count,
+                            requested_params=requested)
+        upstream = self.upstream_body(req)
+        record.model_served = upstream["model"]
+        ticket = self.enter(record, context.cached_key)
+        inflight = self.registry.start(session_id, record.call_id,
+                                       None if req.stream else context.client_socket,
+                                       cancelled=None if ticket is None else ticket.state == CANCELLED)
+        try:
+            route = self.tito.route(record, req)
+        except BaseException:  # admitted: leave flight again (the record is not written)
+            self.abandon(record, inflight, ticket)
+            raise
+        if not req.stream:
+            outcome = self.call(record, upstream, inflight, route, ticket)
+            if outcome.error:
+                return error_reply(mod, outcome.error)
+            return JsonReply(200, mod.from_chat(outcome.result, req))
+        channel: queue.Queue = queue.Queue()
+        # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
+        # the open streams of a process at its size.
+        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route, ticket),
+                         name="upstream-stream", daemon=True).start()
+        return self.stream(mod, req, channel, inflight)
+
+    def abandon(self, record: CaptureRecord, inflight: Inflight, ticket: Ticket | None) -> None:
+        """A call admitted but never started (a bug on the way): out of flight, nothing recorded."""
+        counted = ticket is not None and ticket.admitted
+        try:
+            with self.store.r.pipeline(transaction=True) as pipe:
+                self.admission.leave(pipe, record.session_id, record.call_id, counted)
+                pipe.execute()
+        except Exception:
+            log.exception("could not take call %s out of flight", record.call_id)
+        self.pause.released(counted)
+        self.registry.finish(inflight, stored=True)
+
+    def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
+                    inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
+        """Runs on an executor thread: whatever goes wrong, the stream gets its last item (an
+        exception must never die silently inside the future and leave the client on pings)."""
+        try:
+            self._stream_call(record, req, channel, inflight, upstream, ticket)
+        except BaseException as exc:
+            log.exception("streamed call %s of session %s failed", record.call_id, record.session_id)
+            channel.put(("error", GatewayError("internal", f"gateway error: {type(exc).__name__}")))
+
+    def _stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
+                     inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
+        """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
+        events go into `channel` as the upstream produces them: ("events", [...]), then, once the
+        record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
+        or the session is cancelled the upstream connection is closed (vLLM then aborts the
+        generation) and the record keeps what was sampled. An upstream that cannot stream token
+        ids gets a non-streaming call, replayed as events. `upstream` is the pool
+        or a token-in route (tito)."""
+        upstream = upstream or self.pool
+        result: ChatResult | None = None
+        error: GatewayError | None = None
+        acc: StreamAccumulator | None = None
+        handle = None
+        counted = False
+        record.started_at = time.time()
+        t0 = time.monotonic()
+        try:
+            counted = self.pause.admit(record, ticket)  # held here while paused; the client gets pings
+            record.started_at = time.time()
+            t0 = time.monotonic()
+            if not self.passthrough:
+                record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
+            elif upstream.can_stream(record.session_id):
+                try:
+                    handle = upstream.open_stream(self.upstream_body(req, stream=True), record.session_id)
+                except NoStreamIds as exc:
+                    record.notes.append(f"synthetic stream: upstream {exc} streams without token ids")
+            else:
+                record.notes.append("synthetic stream: the upstream does not stream token ids")
+            if handle is not None:
+                acc = StreamAccumulator()
+                aborted = read_stream(handle, inflight, acc, lambda events: channel.put(("events", events)))
+                if aborted is not None:
+                    raise aborted
+                if not acc.finished:
+                    raise GatewayError("upstream_error", f"upstream {handle.url} ended the stream "
+                                       "before its answer finished")
+                result = acc.result()
+                if result.completion_token_ids is None or result.notes:
+                    upstream.mark_no_stream_ids(handle.url)
+                fill_result(record, result, handle.url)
+            else:
+                result, url = plain_chat(upstream, self.upstream_body(req), record, inflight, False)
+                fill_result(record, result, url)
+                events = list(replay(result))
+                channel.put(("events", events[:-1]))  # the finish waits for the record
+        except GatewayError as exc:
+            error = exc
+        except Exception as exc:  # never lose the record, even on a bug
+            log.exception("streamed upstream call failed")
+            error = GatewayError("internal", f"gateway error: {exc}")
+        finally:
+            if handle is not None:
+                handle.close()
+        if error is not None:
+            if acc is not None and acc.started and handle is not None:
+                fill_partial(record, acc.result(), handle.url,
+                             aborted=inflight.reason is not None)
+            fill_error(record, error)
+        record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
+        stored_error = self.finish(record, inflight, counted)
+        error = error or stored_error
+        channel.put(("error", error) if error is not None else ("finish", result))
+
+    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue,
+               inflight: Inflight) -> JsonReply | StreamReply:
+        """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
+        that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
+        upstream is quiet. Frames are written as the upstream's chunks arrive."""
+        try:
+            first = channel.get(timeout=self.settings.first_byte_wait)
+        except queue.Empty:
+            first = None
+        if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
+            return error_reply(mod, first[1])
+        content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
+        # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
+        ping = mod.stream_ping(req) if hasattr(mod, "stream_ping") else PING
+        interval = self.settings.ping_interval
+        translator = mod.stream_translator(req)
+
+        def frames() -> Iterator[bytes]:
+            done = False
+            try:
+                yield from frames_until_done()
+                done = True
+            finally:
+                if not done:  # the client went away: nobody wants the rest of the generation
+                    inflight.abort(CLIENT_GONE)
+
+        def frames_until_done() -> Iterator[bytes]:
+            item = first
+            if item is None:
+                yield ping
+            while True:
+                while item is None:
+                    try:
+                        item = channel.get(timeout=interval)
+                    except queue.Empty:
+                        yield ping
+                # What else had already arrived goes out in the same write (fewer syscalls when the
+                # upstream is faster than this connection), but never more: a reader that keeps
+                # the queue non-empty must not hold the frames back.
+                backlog = min(channel.qsize(), 64)
+                out: list[bytes] = []
+                while item is not None:
+                    kind, payload = item
+                    if kind == "events":
+                        out.extend(translator.feed_all(payload))
+                    elif kind == "finish":
+                        out.extend(translator.feed(StreamEvent(FINISH, result=payload)))
+                        yield b"".join(out)
+                        return
+                    else:
+                        out.extend(translator.error(payload))
+                        yield b"".join(out)
+                        return
+                    item = None
+                    if backlog > 0:
+                        backlog -= 1
+                        try:
+                            item = channel.get_nowait()
+                        except queue.Empty:
+                            pass
+                if out:
+                    yield b"".join(out)
+
+        return StreamReply(frames(), content_type)
+
+    def count_tokens(self, provider: str, session_id: str, body: dict[str, Any]) -> JsonReply:
+        """Token counting answers from the upstream's tokenizer and records nothing."""
+        mod = adapter(provider)
+        if provider == "gemini" and hasattr(mod, "count_request_body"):
+            body = mod.count_request_body(body)
+        if provider == "anthropic":
+            body = {"max_tokens": 1, **body}
+        if provider == "gemini":
+            body = {"model": "count", **body}
+        req = mod.to_chat(body)
+        n = self.pool.tokenize(req.messages, req.tools, self.served_model, session_id)
+        if n is None:  # no upstream tokenizer: a rough estimate beats an error for a count
+            n = max(1, len(json.dumps(req.messages)) // 4)
+        return JsonReply(200, mod.count_tokens_response(n))
+
+
