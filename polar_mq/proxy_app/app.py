@@ -113,7 +113,7 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
 
     app = Flask("polar_mq.gateway")
     # Key order is data here (tool arguments, schemas render into prompts): never sort it.
-    app.json.sort_keys = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # DefaultJSONProvider's attribute
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1024
     app.extensions["polar_gateway"] = gw
 

@@ -12,7 +12,6 @@ the final event goes out.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -22,14 +21,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Iterator
 
 from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable
-from .adapters.base import FINISH, PING, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from .adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
 from .admission import CANCELLED, UNKNOWN_KEY, Admission, Ticket
 from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, read_stream
 from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
@@ -39,19 +38,9 @@ from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
 
-ADAPTERS = {
-    "anthropic": "polar_mq.proxy_app.adapters.anthropic",
-    "openai_chat": "polar_mq.proxy_app.adapters.openai_chat",
-    "openai_responses": "polar_mq.proxy_app.adapters.openai_responses",
-    "gemini": "polar_mq.proxy_app.adapters.gemini",
-}
 KEY_CACHE_SIZE = 65536  # session keys remembered per process (~150 B each)
 GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
                   "countTokens": (False, True)}
-
-
-def adapter(provider: str) -> ModuleType:
-    return importlib.import_module(ADAPTERS[provider])
 
 
 def provider_for_path(path: str) -> str:
@@ -100,7 +89,7 @@ class StreamReply:
                                                               "X-Accel-Buffering": "no"})
 
 
-def error_reply(mod: ModuleType, err: GatewayError) -> JsonReply:
+def error_reply(mod: Adapter, err: GatewayError) -> JsonReply:
     status, body = mod.error_response(err)
     headers = {"x-should-retry": "true" if err.retryable else "false"}
     if status in (429, 503, 529):
@@ -284,6 +273,7 @@ class Gateway:
             outcome = self.call(record, upstream, inflight, route, ticket)
             if outcome.error:
                 return error_reply(mod, outcome.error)
+            assert outcome.result is not None  # an Outcome holds a result or an error
             return JsonReply(200, mod.from_chat(outcome.result, req))
         channel: queue.Queue = queue.Queue()
         # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
@@ -379,7 +369,7 @@ class Gateway:
         error = error or stored_error
         channel.put(("error", error) if error is not None else ("finish", result))
 
-    def stream(self, mod: ModuleType, req: ChatRequest, channel: queue.Queue,
+    def stream(self, mod: Adapter, req: ChatRequest, channel: queue.Queue,
                inflight: Inflight) -> JsonReply | StreamReply:
         """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
         that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
@@ -390,9 +380,9 @@ class Gateway:
             first = None
         if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
             return error_reply(mod, first[1])
-        content_type = getattr(mod, "stream_content_type", lambda r: "text/event-stream")(req)
+        content_type = mod.stream_content_type(req)
         # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
-        ping = mod.stream_ping(req) if hasattr(mod, "stream_ping") else PING
+        ping = mod.stream_ping(req)
         interval = self.settings.ping_interval
         translator = mod.stream_translator(req)
 
@@ -447,12 +437,7 @@ class Gateway:
     def count_tokens(self, provider: str, session_id: str, body: dict[str, Any]) -> JsonReply:
         """Token counting answers from the upstream's tokenizer and records nothing."""
         mod = adapter(provider)
-        if provider == "gemini" and hasattr(mod, "count_request_body"):
-            body = mod.count_request_body(body)
-        if provider == "anthropic":
-            body = {"max_tokens": 1, **body}
-        if provider == "gemini":
-            body = {"model": "count", **body}
+        body = mod.count_request_body(body)  # e.g. Anthropic's lacks max_tokens, Gemini's is wrapped
         req = mod.to_chat(body)
         n = self.pool.tokenize(req.messages, req.tools, self.served_model, session_id)
         if n is None:  # no upstream tokenizer: a rough estimate beats an error for a count
