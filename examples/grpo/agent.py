@@ -1,9 +1,10 @@
-"""The GRPO example's agent: the official openai SDK in a tool loop, sampling at temperature 1.
+"""The GRPO example's agent: the official openai SDK, sampling at temperature 1.
 
 Run by the ``shell`` harness with the session env (OPENAI_BASE_URL, OPENAI_API_KEY = session key,
-POLAR_INSTRUCTION); every call goes through the polar_mq gateway, which records the sampled ids
-and logprobs. The one tool, ``move``, changes the world the grader checks: ``cursor.json`` in the
-working directory.
+POLAR_INSTRUCTION); the call goes through the polar_mq gateway, which records the sampled ids and
+logprobs. The model answers in plain text (one direction word); the agent carries it out with
+``move``, which changes the world the grader checks: ``cursor.json`` in the working directory.
+An answer that is not a direction moves nothing (the checks fail: reward 0).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task import CURSOR_FILE, START, STEP, SYSTEM, TOOLS  # noqa: E402
+from task import CURSOR_FILE, START, STEP, SYSTEM  # noqa: E402
 
-MAX_TURNS = 3
+MAX_TOKENS = 4  # a direction word and the end of turn; anything longer is not an answer
 
 
 def move(direction: str) -> str:
@@ -39,24 +40,11 @@ def main() -> int:
     model = os.environ.get("POLAR_MODEL", "policy")
     temperature = float(os.environ.get("GRPO_TEMPERATURE", "1.0"))
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
-    for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
-                                               temperature=temperature, max_tokens=48).choices[0].message
-        messages.append(reply.model_dump(exclude_none=True))
-        if not reply.tool_calls:
-            print(reply.content)
-            return 0
-        for call in reply.tool_calls:
-            try:
-                args = json.loads(call.function.arguments or "{}")
-            except ValueError:
-                args = {}
-            result = (move(str(args.get("direction"))) if call.function.name == "move"
-                      else f"error: unknown tool {call.function.name}")
-            print(f"{call.function.name}({args}) -> {result}", flush=True)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    print("gave up: too many turns", file=sys.stderr)
-    return 1
+    reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
+                                           max_tokens=MAX_TOKENS).choices[0].message
+    answer = (reply.content or "").strip()
+    print(f"answer {answer!r} -> {move(answer)}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

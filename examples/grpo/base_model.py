@@ -6,16 +6,17 @@ knows the task's format, can read the instruction, and is unsure of the answer.
 Two supervised phases on every (direction, phrase) chat of ``task.py``, rendered with the same
 chat template vLLM serves:
 
-1. *learn*: turn 1 -> the ``move`` tool call with the right direction, turn 2 (after the tool
-   result, whatever it says) -> ``Done.``; every format token to p >= FORMAT_P and the right
-   direction to p >= HARD_P on every prompt (the model learns to read the instruction);
-2. *soften*: the direction trained towards a soft target (``--target-p`` on the right one, the
-   rest spread over the other three) until every prompt is within CHOICE_TOL of it.
+1. *learn*: the reply is the right direction word and the end of turn; the end of turn to
+   p >= FORMAT_P and the right direction to p >= HARD_P on every prompt (the model learns to
+   read the instruction);
+2. *soften*: no training: the LM-head rows of the four direction words are pulled towards their
+   mean (one factor, found by bisection) until p(correct) averages ``--target-p``.
 
 So at temperature 1 the model succeeds ~30% of the time while the reading of the instruction is
-in its weights (what RL on a pretrained model sharpens). An earlier recipe (direction trained to
-uniform, then a little of the task) left the model at the onset of learning to read the
-instruction, and no GRPO setting tried here improved it (docs/rl.md, Status). The result is
+in its weights, intact (what RL on a pretrained model sharpens). Two earlier recipes (direction
+trained to uniform then a little of the task; the direction trained towards a soft target) moved
+the whole model, and GRPO's updates then shifted the marginal over the directions instead of the
+conditional on the instruction (docs/rl.md, "What did not work"). The result is
 cached by a stamp (this file, task.py, the tokenizer, seed, target): rebuilding the same model is
 a no-op. Seeded: the same seed gives the same weights on the same torch build.
 """
@@ -38,14 +39,11 @@ if str(ROOT) not in sys.path:
 from examples.grpo import task  # noqa: E402
 from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
 
-FORMAT_P = 0.99
-FINAL_FORMAT_P = 0.97  # after the task phase (its weighted-up choice loss costs a little format)
-CHOICE_WEIGHT = 20
+FORMAT_P = 0.9995
+FINAL_FORMAT_P = 0.999  # the end of turn must stay near-certain (rare sampled format tokens broke the old tool-call format)
 LR = 3e-3
 CHOICE_TOL = 0.05
 HARD_P = 0.9
-SOFT_LR = 1e-3
-MAX_SOFT_STEPS = 400
 MAX_LEARN_STEPS = 1000
 MAX_POSITIONS = 1024  # served with --max-model-len 1024; prompts are ~200 tokens
 
@@ -59,22 +57,15 @@ def _tiny():
     return mod
 
 
-def chats() -> tuple[list, list, list[str]]:
-    """(turn-1 triples, turn-2 triples, the right direction of each turn-1 triple); a triple is
-    (messages, tools, reply). Turn 2 says Done whatever was moved: each prompt is paired with
-    one moved direction, rotating, so all 16 (asked, moved) pairs occur."""
-    first, second, answers = [], [], []
-    for di, d in enumerate(task.DIRECTIONS):
+def chats() -> tuple[list, list[str]]:
+    """(triples, the right direction of each); a triple is (messages, tools, reply): every
+    (direction, phrase) prompt answered with its direction word."""
+    first, answers = [], []
+    for d in task.DIRECTIONS:
         for p in range(len(task.PHRASES)):
-            base = task.first_turn(d, p)
-            first.append((base, task.TOOLS, {"role": "assistant", "content": None,
-                                             "tool_calls": [task.tool_call(d)]}))
+            first.append((task.first_turn(d, p), None, {"role": "assistant", "content": d}))
             answers.append(d)
-            for moved in [task.DIRECTIONS[(di + p) % len(task.DIRECTIONS)]]:
-                after = base + [{"role": "assistant", "content": None, "tool_calls": [task.tool_call(moved)]},
-                                {"role": "tool", "tool_call_id": "call_0", "content": task.tool_result(moved)}]
-                second.append((after, task.TOOLS, {"role": "assistant", "content": task.DONE_TEXT}))
-    return first, second, answers
+    return first, answers
 
 
 def direction_ids(tok) -> dict[str, int]:
@@ -125,8 +116,8 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
     torch.manual_seed(seed)
     t0 = time.time()
     dir_ids = direction_ids(tok)
-    first, second, answers = chats()
-    data1, data2 = tiny.examples(tok, first), tiny.examples(tok, second)
+    first, answers = chats()
+    data1 = tiny.examples(tok, first)
     # where the direction is chosen in each turn-1 example, and the right id there
     choice = []
     for (ids, n_prompt), answer in zip(data1, answers):
@@ -135,7 +126,6 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
         assert len(pos) == 1, (tok.decode(ids[n_prompt:]), want)
         choice.append((pos[0], want))
     batch1 = tiny._batch(tok, data1)
-    batch2 = tiny._buckets(tok, data2)
     cfg = tiny.model_config(tok)
     cfg.max_position_embeddings = MAX_POSITIONS
     model = Qwen2ForCausalLM(cfg)
@@ -150,86 +140,72 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
     for row, (pos, _) in enumerate(choice):
         sel.append(int(flat_index[row * mask.shape[1] + pos - 1]))
     sel_t = torch.tensor(sel)
-    want_t = torch.tensor([w for _, w in choice])
 
-    # the soft target at each choice: target_p on the instruction's direction, the rest spread
-    # evenly over the other three (so the model must read the instruction to meet it)
-    want_col = torch.tensor([list(dir_ids.values()).index(w) for w in want_t.tolist()])
-    soft = torch.full((len(choice), len(all_dirs)), (1.0 - target_p) / (len(all_dirs) - 1))
-    soft[torch.arange(len(choice)), want_col] = target_p
-
-    def losses(hard: bool):
+    def losses():
         logits, tgt = tiny._reply_logits(model, inp1, attn1, lab1)
         logp = F.log_softmax(logits.float(), -1)
         tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         is_choice = torch.zeros_like(tok_lp, dtype=torch.bool)
         is_choice[sel_t] = True
         fmt = -tok_lp[~is_choice]
-        if hard:
-            choice_loss = -tok_lp[sel_t]
-        else:
-            choice_loss = -(soft * logp[sel_t][:, all_dirs]).sum(-1)  # CE against the soft target
-        # the choice is 1 token in ~40: weighted up, or the copy (attend to the instruction's
-        # direction word) is learnt far more slowly than the format
-        parts = [fmt, choice_loss.repeat(CHOICE_WEIGHT)]
-        for inp, attn, lab in batch2:
-            lg, tg = tiny._reply_logits(model, inp, attn, lab)
-            parts.append(F.cross_entropy(lg.float(), tg, reduction="none"))
-        loss = torch.cat(parts).mean()
+        choice_loss = -tok_lp[sel_t]
+        loss = torch.cat([fmt, choice_loss]).mean()
         p_correct = tok_lp[sel_t].detach().exp()
         fmt_min = float(torch.exp(-fmt.detach().max()))
         return loss, p_correct, fmt_min
-
-    def turn2_min() -> float:
-        worst = 1.0
-        with torch.no_grad():
-            for inp, attn, lab in batch2:
-                lg, tg = tiny._reply_logits(model, inp, attn, lab)
-                worst = min(worst, float(torch.softmax(lg.float(), -1).gather(-1, tg.unsqueeze(-1)).min()))
-        return worst
 
     # phase 1, learn the task: every format token to p >= FORMAT_P and the right direction to
     # p >= HARD_P on every prompt (the model learns to read the instruction)
     for step in range(1, MAX_LEARN_STEPS + 1):
         opt.zero_grad()
-        loss, p_corr, fmt_min = losses(hard=True)
+        loss, p_corr, fmt_min = losses()
         loss.backward()
         opt.step()
         if step % 25 == 0:
-            t2 = turn2_min()
             log(f"  learn {step:4d} loss {loss.item():.4f} p(correct) mean {float(p_corr.mean()):.3f} "
-                f"min {float(p_corr.min()):.3f} format min {fmt_min:.4f} turn-2 min {t2:.4f} ({time.time() - t0:.0f}s)")
-            if fmt_min >= FORMAT_P and t2 >= FORMAT_P and float(p_corr.min()) >= HARD_P:
+                f"min {float(p_corr.min()):.3f} format min {fmt_min:.6f} ({time.time() - t0:.0f}s)")
+            if fmt_min >= FORMAT_P and float(p_corr.min()) >= HARD_P:
                 break
     else:
         raise SystemExit("base model: the learning phase did not converge")
-    # phase 2, unlearn the confidence: the soft target (target_p on the right direction, the rest
-    # spread over the other three) until every prompt is within CHOICE_TOL of it. The reading of
-    # the instruction stays; at temperature 1 the model is right ~target_p of the time.
-    for group in opt.param_groups:
-        group["lr"] = SOFT_LR
-    for step in range(1, MAX_SOFT_STEPS + 1):
-        opt.zero_grad()
-        loss, p_corr, fmt_min = losses(hard=False)
-        mean_p = float(p_corr.mean())
-        spread = float((p_corr - target_p).abs().max())
-        if spread <= CHOICE_TOL and fmt_min >= FINAL_FORMAT_P:
-            log(f"  soften {step:4d}: p(correct) mean {mean_p:.3f} (target {target_p}, worst off by {spread:.3f}), "
-                f"format min {fmt_min:.4f}")
-            break
-        loss.backward()
-        opt.step()
-        if step % 10 == 0:
-            log(f"  soften {step:4d} p(correct) mean {mean_p:.3f} worst off by {spread:.3f} format min {fmt_min:.4f}")
-    else:
-        raise SystemExit("base model: the softening phase did not reach the target")
-    t2 = turn2_min()
-    if t2 < FINAL_FORMAT_P or fmt_min < FINAL_FORMAT_P:
-        raise SystemExit(f"base model: turn 2 degraded (min p {t2:.4f})")
+    # phase 2, make it unsure without unlearning the reading: the LM-head rows of the four
+    # directions are pulled towards their mean (logit_d -> m + alpha * (logit_d - m), m the mean
+    # of the four), alpha found by bisection so that p(correct) averages target_p. The hidden
+    # state still encodes the instruction's direction exactly as phase 1 learnt it; GRPO has to
+    # find the one way back (raise alpha), the situation of RL on a pretrained model that knows
+    # the answer but is unsure of it. An earlier recipe trained the direction towards a soft
+    # target instead: that moved the whole model and GRPO's updates then mostly shifted the
+    # marginal over the directions, not the conditional on the instruction (docs/rl.md).
     model.eval()
     untie(model)
+    rows_w = model.lm_head.weight.data[all_dirs].clone()
+    centre = rows_w.mean(0, keepdim=True)
+
+    def at(alpha: float):
+        model.lm_head.weight.data[all_dirs] = centre + alpha * (rows_w - centre)
+        with torch.no_grad():
+            _, p_corr, fmt_min = losses()
+        return float(p_corr.mean()), p_corr, fmt_min
+
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if at(mid)[0] < target_p:
+            lo = mid
+        else:
+            hi = mid
+    alpha = (lo + hi) / 2
+    mean_p, p_corr, fmt_min = at(alpha)
+    with torch.no_grad():
+        logits, _ = tiny._reply_logits(model, inp1, attn1, lab1)
+        p_dirs = torch.softmax(logits.float(), -1)[sel_t][:, all_dirs].sum(-1)
+    log(f"  soften: alpha {alpha:.4f} p(correct) mean {mean_p:.3f} min {float(p_corr.min()):.3f} "
+        f"max {float(p_corr.max()):.3f}, p(any direction) min {float(p_dirs.min()):.4f}, format min {fmt_min:.6f}")
+    if fmt_min < FINAL_FORMAT_P or abs(mean_p - target_p) > CHOICE_TOL:
+        raise SystemExit(f"base model: softening missed (p {mean_p:.3f}, format {fmt_min:.6f})")
     tiny.save(model, tok_dir, out, st)
-    info = {"mean_p_correct": mean_p, "format_min_p": fmt_min, "turn2_min_p": t2, "seed": seed,
+    info = {"mean_p_correct": mean_p, "format_min_p": fmt_min, "alpha": alpha,
+            "p_any_direction_min": float(p_dirs.min()), "seed": seed,
             "seconds": round(time.time() - t0, 1)}
     (out / "grpo_base.json").write_text(json.dumps(info, indent=2))
     log(f"base model -> {out} {info}")

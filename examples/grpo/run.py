@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, seed=args.seed,
-                                optimizer=args.optimizer, kl_coef=args.kl_coef)
+        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
+                                seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
         stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                                policy_version=lambda: version, drop_unusable=False)
         tmpl = template()
@@ -185,11 +185,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=int, default=4, help="groups (tasks) per step")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
-    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--minibatches", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=4, help="passes over each step's batch (PPO epochs: the clip binds)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

@@ -3,18 +3,22 @@
 One fact per name, shared by the agent (what it sends), the base-model builder (what it trains
 on), the grader (what it checks) and the demo (which rows it submits):
 
-* the agent is an openai-SDK tool loop with one tool, ``move(direction)``, ``direction`` one of
-  ``DIRECTIONS`` (each a single token of the project's tokenizer, so the choice is one sampled id);
+* the agent is an openai-SDK agent: the model answers in plain text with one direction word
+  (one of ``DIRECTIONS``, each a single token of the project's tokenizer) and the end of turn, so
+  the whole reply is two sampled ids and the only thing to learn is the decision; the agent
+  carries the answer out (``move``: it writes ``cursor.json``, the world the grader checks);
 * the instruction names the direction in one of ``PHRASES`` (so the model must read it);
-* the reward is the test_runner's verdict on the cursor file the tool wrote (see grader.py).
+* the reward is the test_runner's verdict on the cursor file the agent wrote (see grader.py).
 
-The base model knows the tool-call format perfectly but picks the direction nearly at random
-(p(correct) ~ 0.3 at temperature 1): a real chance of success and room to improve.
+An earlier version answered with a ``move(direction)`` tool call (~40 reply tokens): with a
+2-layer model, GRPO's updates broke the tool-call format before the decision improved
+(docs/rl.md, "What did not work"). The base model knows the answer format (p(end of turn) ~ 1)
+but picks the direction nearly at random (p(correct) ~ 0.3 at temperature 1): a real chance of
+success and room to improve.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
@@ -27,27 +31,11 @@ PHRASES = [
     "The cursor should move {d}.",
     "Shift the cursor one cell {d}.",
 ]
-SYSTEM = "You control a cursor on a grid. Call the move tool once, then say Done."
-DONE_TEXT = "Done."
+# no list of the four words: the only direction word in the prompt is the instruction's own
+SYSTEM = "You control a cursor on a grid. Answer with the direction word only."
 CURSOR_FILE = "cursor.json"
 START = (2, 2)
 STEP = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
-
-MOVE_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "move",
-        "description": "Move the cursor one cell.",
-        "parameters": {
-            "type": "object",
-            # no enum: the only direction word in the prompt is the instruction's own (an enum
-            # listing all four would be a distractor the tiny model must learn to look past)
-            "properties": {"direction": {"type": "string", "description": "Which way to move."}},
-            "required": ["direction"],
-        },
-    },
-}
-TOOLS = [MOVE_TOOL]
 
 
 def instruction(direction: str, phrase: int) -> str:
@@ -60,27 +48,20 @@ def target_after(direction: str) -> tuple[int, int]:
 
 
 def rows(n: int, seed: int, offset: int = 0) -> list[dict[str, Any]]:
-    """``n`` dataset rows (``instruction`` + ``metadata.target``), balanced over the directions,
-    shuffled by ``seed``. ``offset`` picks a disjoint slice of the same stream (the demo's step k
-    takes rows ``k*n .. k*n+n-1``), so every step sees new prompts in a reproducible order."""
+    """``n`` dataset rows (``instruction`` + ``metadata.target``), shuffled by ``seed``, in rounds
+    of one row per direction (so a step of 4 prompts starting at a multiple of 4 asks for every
+    direction once: the batch's advantages then reward reading the instruction, not a favourite
+    direction). ``offset`` picks a disjoint slice of the same stream (the demo's step k takes rows
+    ``k*n .. k*n+n-1``), so every step sees new prompts in a reproducible order."""
     rng = random.Random(seed)
     stream: list[dict[str, Any]] = []
     while len(stream) < offset + n:
-        block = [(d, p) for d in DIRECTIONS for p in range(len(PHRASES))]
-        rng.shuffle(block)
-        stream.extend({"instruction": instruction(d, p), "metadata": {"target": d}} for d, p in block)
+        phrases = {d: rng.sample(range(len(PHRASES)), len(PHRASES)) for d in DIRECTIONS}
+        for r in range(len(PHRASES)):
+            for d in rng.sample(DIRECTIONS, len(DIRECTIONS)):
+                stream.append({"instruction": instruction(d, phrases[d][r]), "metadata": {"target": d}})
     return stream[offset:offset + n]
 
 
 def first_turn(direction: str, phrase: int) -> list[dict[str, Any]]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction(direction, phrase)}]
-
-
-def tool_call(direction: str, call_id: str = "call_0") -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": "move", "arguments": json.dumps({"direction": direction})}}
-
-
-def tool_result(direction: str) -> str:
-    x, y = target_after(direction)
-    return f"cursor at {x},{y}"

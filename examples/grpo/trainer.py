@@ -7,9 +7,10 @@ Loss (token level, over the positions whose loss_mask is 1 only):
     loss    = -mean_t min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A)          reported when it sampled
 
 with A the trajectory's group-relative advantage (polar_mq.trainers.samples). The batch is split
-into ``minibatches`` optimiser steps, so from the second step on the ratio is no longer 1 and the
-clip does its job (PPO-style); the first forward also measures how far the trainer's logprobs are
-from vLLM's for the same ids (numerics of two implementations of one model).
+into ``minibatches`` optimiser steps and passed over ``epochs`` times (PPO-style), so from the
+second optimiser step on the ratio is no longer 1 and the clip bounds how far one batch can move
+a token; the first forward also measures how far the trainer's logprobs are from vLLM's for the
+same ids (numerics of two implementations of one model).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class StepStats:
 
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
-                 minibatches: int = 2, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
+                 minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
                  kl_coef: float = 0.0):
         import torch
         from transformers import AutoModelForCausalLM
@@ -61,6 +62,7 @@ class PolicyTrainer:
             raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
         self.clip_eps = clip_eps
         self.minibatches = max(1, minibatches)
+        self.epochs = max(1, epochs)
         self.pad_id = int(self.model.config.pad_token_id or 0)
 
     def _token_logprobs(self, samples: list[TrainSample], model=None):
@@ -101,7 +103,7 @@ class PolicyTrainer:
         if not samples:
             return StepStats(0, 0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0)
         order = list(range(len(samples)))
-        chunks = [order[i::self.minibatches] for i in range(self.minibatches)]
+        chunks = [order[i::self.minibatches] for i in range(self.minibatches)] * self.epochs
         total_tokens = sum(s.trained_tokens for s in samples)
         losses, ratios, ratio_max, clipped, gap, n_tok = [], [], 1.0, 0.0, None, 0.0
         for chunk in chunks:
@@ -135,7 +137,7 @@ class PolicyTrainer:
                 ratio_max = max(ratio_max, float(r.max()) if r.numel() else 1.0)
                 clipped += float(((r - 1).abs() > self.clip_eps).sum())
         return StepStats(samples=len(samples), tokens_trained=total_tokens,
-                         loss=sum(losses) / max(1, total_tokens), ratio_mean=sum(ratios) / max(1.0, n_tok),
+                         loss=sum(losses) / max(1, total_tokens) / self.epochs, ratio_mean=sum(ratios) / max(1.0, n_tok),
                          ratio_max=ratio_max, clip_fraction=clipped / max(1.0, n_tok),
                          behaviour_gap=gap or 0.0, seconds=time.time() - t0)
 
