@@ -6,8 +6,9 @@ Each step:
 1. rollout — this step's dataset rows (``task.rows``: new prompts each step) become tasks through
    ``polar_mq.datasets`` (what ``polar-mq submit --dataset`` does) with ``num_samples`` = group size
    and ``metadata.policy_version`` = the weights now in vLLM; the shell harness runs the openai-SDK
-   agent (``agent.py``) against the gateway at temperature 1; prefix_merging builds one trace per
-   session (tool results masked out); the test_runner grader (``grader.py``) scores it;
+   agent (``agent.py``) against the gateway at temperature 1 (the reply: a direction word and the
+   end of turn); prefix_merging builds one trace per session (loss mask on the sampled tokens
+   only); the test_runner grader (``grader.py``) scores it;
    the finished groups come from ``Client.groups()`` (the groups API, lease + ack);
 2. train — ``trainer.PolicyTrainer``: clipped-ratio policy gradient on the loss-mask-1 tokens
    with the recorded vLLM logprobs as behaviour policy and GRPO's group-relative advantages;
@@ -182,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--prompts", type=int, default=4, help="groups (tasks) per step")
+    ap.add_argument("--prompts", type=int, default=4,
+                    help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=2e-3)

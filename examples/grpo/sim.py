@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--optimizer", default="adamw")
     ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--clip", type=float, default=0.2)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
