@@ -53,6 +53,19 @@ def test_cursor_check_speaks_the_test_runner_line_format(tmp_path, moves, target
     assert r.returncode == (0 if set(expected.values()) == {"PASSED"} else 1)
 
 
+def test_every_step_of_four_prompts_asks_each_direction_once():
+    """The demo's step k takes rows k*4 .. k*4+3: each such slice names every direction once (a
+    batch of one favourite direction teaches GRPO the marginal, not the reading), the rows come
+    in a seeded order, and the target is the direction the instruction names."""
+    from examples.grpo.task import DIRECTIONS, rows
+
+    for step in range(12):
+        batch = rows(4, seed=3, offset=step * 4)
+        assert sorted(r["metadata"]["target"] for r in batch) == sorted(DIRECTIONS)
+        for r in batch:
+            assert f" {r['metadata']['target']}" in f" {r['instruction']}"
+    assert rows(8, seed=3) == rows(8, seed=3) != rows(8, seed=4)
+
 
 # the demo's settings, shortened: 4 prompts (one per direction) x 8 samples; in the offline proxy
 # (examples/grpo/sim.py) the mean of steps 4-5 is 0.36-0.55 above step 0 for seeds 0-3
