@@ -4,8 +4,8 @@ openai-SDK agent, the gateway capturing ids + logprobs, prefix_merging, the test
 the groups API), the CPU trainer, in-place weight sync — a shortened run whose mean reward must
 rise beyond sampling noise.
 
-The loop test is slow (its own vLLM start, ~66 s, plus 6 steps of ~33 s on an idle 2-core box:
-~5 min, over the ~4 min a CI test may take) and runs only with POLAR_GRPO=1 and the vLLM venv
+The loop test is slow (its own vLLM start, ~60 s, plus 6 steps of ~35-40 s on the 2-core box:
+310 s measured, over the ~4 min a CI test may take) and runs only with POLAR_GRPO=1 and the vLLM venv
 present (docs/rl.md, "Result").
 """
 
