@@ -1,7 +1,7 @@
 """The policy server of the GRPO example: real vLLM (CPU build, ``scripts/vllm_cpu.py``'s venv)
 serving the trainer's current weights, and the ways to put new weights into it.
 
-Weight sync, fastest first (measured by ``bench_weight_sync.py``; see docs/rl.md):
+Weight sync, fastest first (measured in the demo's runs and once by hand; no bench/ script yet: see docs/rl.md):
 
 * ``reload`` (the default): vLLM's in-place reload. The trainer writes safetensors into a
   directory; vLLM reads them into the live model (``POST /collective_rpc`` ``reload_weights``
