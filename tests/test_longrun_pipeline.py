@@ -50,12 +50,12 @@ def test_budget_ends_during_a_call_the_call_is_aborted_upstream_and_kept(pipelin
     before = len(aborted(slow_gw))
     t0 = time.time()
     _, [sid] = pipeline.submit(agent_task(
-        num_samples=1, timeout_seconds=4, instruction="polar:long tell a long story",
+        num_samples=1, timeout_seconds=10, instruction="polar:long tell a long story",
         agent={"harness": "shell", "model": "m", "options": {"command": [sys.executable, "-c", ONE_CALL]},
                "sampling": {"temperature": 0.6, "seed": 3}}))
     [rec] = pipeline.wait([sid], timeout=60)
     assert rec.state == states.TIMEOUT, (rec.state, rec.error)
-    assert time.time() - t0 < 30  # nobody waited for the 43 s generation
+    assert time.time() - t0 < 38  # nobody waited for the 43 s generation
     gone = aborted(slow_gw)[before:]
     assert len(gone) == 1 and gone[0]["sent_tokens"] < gone[0]["planned_tokens"]
     [call] = slow_gw.calls(rec.gateway_session_id)
