@@ -208,6 +208,10 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
                 on_events(events)
             if call.reason is not None:
                 break
+            # Let the others run: under the gevent worker a reader whose socket always has data
+            # buffered never blocks, so it would starve the call watcher (cancel, client gone) and
+            # the other streams of its process until the generation ends.
+            time.sleep(0)
     except GatewayError:
         if call.reason is None:
             raise
