@@ -37,9 +37,9 @@ from polar_mq import states  # noqa: E402
 from polar_mq.client import Client  # noqa: E402
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.model import Trajectory  # noqa: E402
-from polar_mq.pipeline_store import PipelineStore  # noqa: E402
+from polar_mq.tasks.pipeline_store import PipelineStore  # noqa: E402
 from polar_mq.store import connect  # noqa: E402
-from polar_mq.taskspec import parse_task  # noqa: E402
+from polar_mq.tasks.taskspec import parse_task  # noqa: E402
 from polar_mq.tokens import auth_headers  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
 

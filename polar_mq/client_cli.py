@@ -181,7 +181,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .cluster_status import collect, render
-    from .pipeline_store import PipelineStore
+    from .tasks.pipeline_store import PipelineStore
     from .settings import PipelineSettings
     from .store import connect
 

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from .pipeline_store import PipelineStore
+from .tasks.pipeline_store import PipelineStore
 from .tasks.celery_app import QUEUES
 
 

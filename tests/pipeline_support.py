@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq import states
-from polar_mq.pipeline_store import PipelineStore
+from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.store import connect
-from polar_mq.taskspec import parse_task
+from polar_mq.tasks.taskspec import parse_task
 from polar_mq.tasks.celery_app import INIT_TASK, make_celery
 from polar_mq.settings import PipelineSettings
 

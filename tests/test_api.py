@@ -16,7 +16,7 @@ import requests
 from polar_mq import states
 from polar_mq.embedded_redis import free_port
 from polar_mq.model import Trace, Trajectory
-from polar_mq.pipeline_store import PipelineStore
+from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.store import Keys, connect
 from polar_mq.tasks.celery_app import INIT_TASK
 
@@ -158,7 +158,7 @@ def test_yaml_submit_generates_task_id(api, r):
 
 def test_resubmit_requeues_when_enqueue_never_finished(api, r, store):
     """A task stored but never enqueued (API crashed, broker down) is enqueued by the resubmit."""
-    from polar_mq.taskspec import parse_task
+    from polar_mq.tasks.taskspec import parse_task
 
     body = shell_task(task_id="half-done", num_samples=2)
     sids, created = store.create_task(parse_task(body))

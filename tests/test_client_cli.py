@@ -16,7 +16,7 @@ from polar_mq import states
 from polar_mq.client import ApiError, Client
 from polar_mq.embedded_redis import free_port
 from polar_mq.model import Trace, Trajectory
-from polar_mq.pipeline_store import PipelineStore
+from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.store import Keys, connect
 
 from conftest import ROOT, spawn, stop

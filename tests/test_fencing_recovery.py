@@ -14,10 +14,10 @@ import pytest
 
 from polar_mq import states
 from polar_mq.embedded_redis import start_embedded
-from polar_mq.pipeline_store import PipelineStore
+from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.settings import PipelineSettings
 from polar_mq.store import connect
-from polar_mq.taskspec import parse_task
+from polar_mq.tasks.taskspec import parse_task
 from polar_mq.tasks.celery_app import RUN_TASK, make_celery
 from polar_mq.tasks.context import GatewayClient, StageContext
 from polar_mq.tasks.recovery import UNACKED, restore_held_messages

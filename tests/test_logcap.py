@@ -16,7 +16,7 @@ from polar_mq.logcap import RotatingLog, total_bytes
 from polar_mq.runtimes.bwrap import BwrapRuntime
 from polar_mq.runtimes.local import LocalRuntime
 from polar_mq.settings import LogSettings
-from polar_mq.taskspec import RuntimeSpec
+from polar_mq.tasks.taskspec import RuntimeSpec
 from polar_mq.up import Supervisor
 
 CAP = 64 * 1024

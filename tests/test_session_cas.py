@@ -13,9 +13,9 @@ import pytest
 
 from polar_mq import histograms, states
 from polar_mq.embedded_redis import start_embedded
-from polar_mq.pipeline_store import PipelineStore
+from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.store import connect
-from polar_mq.taskspec import parse_task
+from polar_mq.tasks.taskspec import parse_task
 
 
 @pytest.fixture(scope="module")

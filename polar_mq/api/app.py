@@ -9,10 +9,10 @@ import redis
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..pipeline_store import PipelineStore
+from ..tasks.pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import StoreUnavailable, connect
-from ..taskspec import ValidationError
+from ..tasks.taskspec import ValidationError
 from . import admin, groups, ops, routes, ui, ui_auth
 from .auth import check_bearer
 from .context import EXTENSION, ApiContext

@@ -10,7 +10,7 @@ import redis
 from redis import Redis
 from flask import current_app
 
-from ..pipeline_store import PipelineStore
+from ..tasks.pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import Keys
 

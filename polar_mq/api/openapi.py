@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import TERMINAL_STATES, SessionState
-from ..taskspec import BACKENDS, BUILDERS, HARNESSES
+from ..tasks.taskspec import BACKENDS, BUILDERS, HARNESSES
 
 SESSION_STATES = [state.value for state in SessionState]
 

@@ -9,8 +9,8 @@ import yaml
 from flask import Blueprint, Response, jsonify, request
 
 from .. import jsonsafe, retention, states
-from ..pipeline_store import Conflict
-from ..taskspec import ValidationError, parse_task
+from ..tasks.pipeline_store import Conflict
+from ..tasks.taskspec import ValidationError, parse_task
 from ..tasks.celery_app import INIT_TASK
 from ..tasks.endings import finish_early
 from . import views

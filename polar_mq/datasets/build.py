@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from ..taskspec import ValidationError, parse_task
+from ..tasks.taskspec import ValidationError, parse_task
 from . import swebench_rows
 from .readers import DatasetError, Row
 

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from ..runtimes import get_runtime, resolve_backend
 from ..runtimes.base import ExecResult
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 from .base import GraderTimeout, InfraError, remaining
 
 # Never part of the agent's patch: caches, build outputs, environments.

@@ -32,7 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 from .base import ExecResult
 from .local import base_env, kill_group, supervise
 from .orphans import owner_env

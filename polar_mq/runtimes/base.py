@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 
 
 @dataclass

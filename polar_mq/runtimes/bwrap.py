@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 from .base import ExecResult
 from .local import LocalRuntime, base_env, kill_group, supervise
 from .netbridge import UnixRelay, sandbox_forwards

@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from ..logcap import RotatingLog
 from ..settings import DockerSettings
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 from .base import ExecResult, tail
 
 log = logging.getLogger("polar_mq.runtimes.docker")

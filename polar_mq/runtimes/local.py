@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..logcap import RotatingLog, pump
-from ..taskspec import RuntimeSpec
+from ..tasks.taskspec import RuntimeSpec
 from .base import ExecResult, tail
 from .orphans import owner_env
 

@@ -24,7 +24,7 @@ from typing import Any
 import requests
 
 from .. import tokens
-from ..pipeline_store import PipelineStore
+from .pipeline_store import PipelineStore
 
 
 def message(url: str, event: str, task_id: str, payload: dict[str, Any], session_id: str | None = None) -> str:

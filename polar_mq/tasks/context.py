@@ -11,7 +11,7 @@ import requests
 
 from ..merge.records import as_record
 from ..model import CaptureRecord
-from ..pipeline_store import PipelineStore, node_name
+from .pipeline_store import PipelineStore, node_name
 from ..settings import PipelineSettings
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import states
 from ..model import SessionRecord, Trajectory
-from ..taskspec import TaskRequest
+from .taskspec import TaskRequest
 from .callbacks import message as callback_message
 from .celery_app import CALLBACK_TASK
 from .context import StageContext

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import SessionRecord
-from ..pipeline_store import PipelineStore
+from .pipeline_store import PipelineStore
 
 
 class FencedStore:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from ..pipeline_store import PipelineStore, node_name
+from .pipeline_store import PipelineStore, node_name
 
 SELF_FENCE = 0.6  # of the TTL; the harness kill (≤ 2.5 s) must fit into the remaining 40 %
 

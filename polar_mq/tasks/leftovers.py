@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cleanup import remove_workdirs
-from ..pipeline_store import PipelineStore
+from .pipeline_store import PipelineStore
 from ..runtimes import get_runtime
 from ..runtimes.hostid import is_here, runtime_host
 from ..store import pack, unpack

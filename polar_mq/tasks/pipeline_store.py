@@ -16,10 +16,10 @@ from typing import Any, Iterable
 
 import redis
 
-from . import histograms, session_cas, states
-from .group_queue import GroupQueue
-from .model import SessionRecord, Trajectory
-from .store import Keys, pack, unpack
+from .. import histograms, session_cas, states
+from ..group_queue import GroupQueue
+from ..model import SessionRecord, Trajectory
+from ..store import Keys, pack, unpack
 from .taskspec import TaskRequest, task_from_dict
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..pipeline_store import PipelineStore
+from .pipeline_store import PipelineStore
 from ..runtimes.hostid import runtime_host
 from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK
 

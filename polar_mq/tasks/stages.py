@@ -24,7 +24,7 @@ from ..runtimes import get_runtime, resolve_backend
 from ..runtimes.hostid import is_here, runtime_host, stamp
 from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
-from ..taskspec import TaskRequest
+from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
 from .cancel_watch import CancelWatch
 from .celery_app import POSTRUN_TASK, RUN_TASK

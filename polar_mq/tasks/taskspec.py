@@ -12,7 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import sampling
+from .. import sampling
 
 HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell")
 BACKENDS = ("auto", "docker", "apptainer", "bwrap", "local")  # auto: the safest one the worker has

@@ -8,7 +8,7 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
-from ..pipeline_store import PipelineStore
+from .pipeline_store import PipelineStore
 from ..runtimes import orphans
 from ..settings import PipelineSettings
 from ..store import connect
