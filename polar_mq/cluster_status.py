@@ -33,7 +33,7 @@ def collect(store: PipelineStore, default_capacity: int) -> dict[str, Any]:
         "ready": {"waiting": len(store.ready_list()), "slots_held": len(store.slots_held()),
                   "capacity": store.ready_capacity(default_capacity)},
         "sessions": dict(Counter(r.state for r in recs)),
-        "sessions_by_node": dict(Counter((r.runtime or {}).get("host") or "-" for r in recs)),
+        "sessions_by_node": dict(Counter(r.runtime_host or "-" for r in recs)),
     }
 
 

@@ -169,6 +169,83 @@ class GatewaySession(Record):
 
 
 @dataclass
+class RuntimeHandle:
+    """Where a session's harness runs, as the runtime that started it describes it.
+
+    A runtime is re-attachable: `Runtime.start` returns this handle, the init stage stores it in
+    the session record, and a run worker in another process (or a takeover after a worker died,
+    or the janitor, recovery and leftovers) finds the same environment again from it. One type
+    for every backend, so the fields a backend sets are named once; those it does not use stay
+    None. Stored in Redis as the dict `to_dict` returns (absent fields left out, so a local
+    handle stays the small dict it always was); `from_dict` reads every stored form, and keys it
+    does not know survive a round trip in `extra`.
+    """
+
+    backend: str
+    session_dir: str = ""
+    workdir: str = ""  # where commands start, as the harness sees it (inside a container: its path)
+    home: str = ""  # the harness's HOME
+    env: dict[str, str] = field(default_factory=dict)  # the task's runtime.env
+    # The node that started the runtime. A process group id, a sandbox directory or a container
+    # name means something only on that host (hosts may even share a pid space), so stages check
+    # `is_here` before they signal, reap or tear down a runtime, and route a session's run and
+    # postrun to this node (tasks/routing.py). A handle from before host stamps has none and
+    # belongs to the single machine it was made on, i.e. here.
+    host: str | None = None
+    host_workdir: str | None = None  # docker, apptainer: the work dir's path on the host
+    cwd: str | None = None  # bwrap: runtime.workdir inside the sandbox (else workdir)
+    allow_internet: bool | None = None  # bwrap: share the host network
+    gpus: int | None = None  # bwrap: pass /dev through
+    container: str | None = None  # docker: container name
+    container_id: str | None = None
+    network: str | None = None  # docker: network mode ("none": the gateway is bridged in)
+    instance: str | None = None  # apptainer: instance name
+    pgid: int | None = None  # the running command's process group (set when it starts)
+    exec_id: str | None = None  # docker: the running command's exec id
+    session_id: str | None = None  # whose runtime (else the session dir's name)
+    # The gateway endpoints the running command may reach; set by the run stage for one exec, so
+    # a sandbox without a network gets exactly these bridged in (runtimes/netbridge.py).
+    gateway_urls: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # stored keys this version does not know
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or value is None or (f.name == "gateway_urls" and not value):
+                continue
+            out[f.name] = value
+        return {**self.extra, **out}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RuntimeHandle:
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        known.setdefault("backend", "")
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**known, extra=extra)
+
+    @classmethod
+    def stored(cls, data: RuntimeHandle | dict[str, Any] | None) -> RuntimeHandle | None:
+        """The handle of a stored record field (`{}` and None: no runtime)."""
+        if data is None or isinstance(data, RuntimeHandle):
+            return data
+        return cls.from_dict(data) if data else None
+
+    def updated(self, **fields: Any) -> RuntimeHandle:
+        """A copy with `fields` set (e.g. what `Runtime.exec`'s on_start reports: pgid, exec_id)."""
+        return dataclasses.replace(self, **fields)
+
+    def stamped(self, node: str) -> RuntimeHandle:
+        """This handle held by `node` (the worker that started it)."""
+        return self.updated(host=node)
+
+    def is_here(self, node: str) -> bool:
+        """True when `node` may signal or tear down this runtime (see `host`)."""
+        return self.host is None or self.host == node
+
+
+@dataclass
 class SessionRecord(Record):
     """A rollout session (one sample of a task) as the pipeline tracks it in Redis."""
 
@@ -187,7 +264,7 @@ class SessionRecord(Record):
     gateway_key: str | None = None
     base_urls: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
-    runtime: dict[str, Any] = field(default_factory=dict)  # backend handle (container id, pid...)
+    runtime: RuntimeHandle | None = None  # where the harness runs (None: not started)
     exit_code: int | None = None
     outcome: str | None = None  # one of TERMINAL_STATES, decided by the run stage
     reward: float | None = None
@@ -197,6 +274,24 @@ class SessionRecord(Record):
     # unix time, "node": ..., "pids": [...]} when a worker reaped what a dead worker left running
     # for it (runtimes/orphans.py). Appended in its own WATCH/MULTI; stages never rewrite it.
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.runtime = RuntimeHandle.stored(self.runtime)  # a stored dict (from_dict, old callers)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["runtime"] = self.runtime.to_dict() if self.runtime is not None else {}
+        return out
+
+    @property
+    def runtime_host(self) -> str | None:
+        """The node holding the session's runtime (None: unstamped or not started)."""
+        return self.runtime.host if self.runtime is not None else None
+
+    def runtime_is_here(self, node: str) -> bool:
+        """True when `node` may signal or tear down the session's runtime (no runtime: nothing
+        elsewhere to defer to)."""
+        return self.runtime is None or self.runtime.is_here(node)
 
 
 @dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from polar_mq.graders.base import GradeContext
 from polar_mq.runtimes import get_runtime
 from polar_mq.tasks.taskspec import RuntimeSpec
 
@@ -94,7 +94,7 @@ class Session:
         self.dir = tmp / name
         self.handle = self.runtime.start(self.spec, self.dir, name)
         self.runtime.upload(self.handle, source, "repo")
-        self.repo = Path(self.handle["workdir"]) / "repo"
+        self.repo = Path(self.handle.workdir) / "repo"
         self.name = name
 
     def edit(self, rel: str, old: str, new: str) -> None:
@@ -108,7 +108,6 @@ class Session:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
-    def context(self, **extra: Any) -> dict[str, Any]:
-        return {"session": {"session_id": self.name, "runtime": self.handle},
-                "task": {"task_id": "t-" + self.name, "runtime": asdict(self.spec)},
-                "session_dir": str(self.dir), **extra}
+    def context(self, **extra: Any) -> GradeContext:
+        return GradeContext(session_id=self.name, task_id="t-" + self.name, runtime=self.handle,
+                            runtime_spec=self.spec, session_dir=self.dir, **extra)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader_support import FIX, PARTIAL, Session, make_repo
-from polar_mq.graders import Grade, Grader, available, load_grader, parsing, sft
+from polar_mq.graders import Grade, GradeContext, Grader, available, load_grader, parsing, sft
 from polar_mq.graders.run import run_grading, sft_options
 from polar_mq.graders.workspace import apply_patch, session_workspace
 from polar_mq.model import Trace, Trajectory
@@ -63,7 +63,7 @@ def test_custom_grader_by_module_class(tmp_path, monkeypatch):
     g = load_grader("polar_plugin_mod:LengthGrader", {"scale": 0.5})
     traj = Trajectory(session_id="s", traces=[Trace([1], [2], [1]), Trace([1], [3], [1])])
     assert g.grade(traj).reward == 1.0
-    grade = run_grading("polar_plugin_mod:LengthGrader", {"scale": 2, "timeout_seconds": 5}, traj, {})
+    grade = run_grading("polar_plugin_mod:LengthGrader", {"scale": 2, "timeout_seconds": 5}, traj)
     assert grade.reward == 4.0 and grade.status == "ok"
     with pytest.raises(ValueError, match="could not be loaded"):
         load_grader("polar_plugin_mod:Missing")
@@ -82,7 +82,7 @@ def test_custom_grader_by_entry_point(tmp_path, monkeypatch):
     traj = Trajectory(session_id="s", traces=[Trace([1], [2], [1])])
     assert load_grader("trace_count", {"scale": 3}).grade(traj).reward == 3.0
     # the same name through the stage's entry point
-    assert run_grading("trace_count", {}, traj, {}).reward == 1.0
+    assert run_grading("trace_count", {}, traj).reward == 1.0
 
 
 # --- parsers -------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ class Hangs(Grader):
 
 def test_hung_grader_is_a_timeout_not_a_crash():
     t0 = time.time()
-    g = run_grading(f"{__name__}:Hangs", {"timeout_seconds": 0.5}, TRAJ, {}, grace=0.5)
+    g = run_grading(f"{__name__}:Hangs", {"timeout_seconds": 0.5}, TRAJ, grace=0.5)
     assert time.time() - t0 < 5
     assert g.status == "timeout" and g.reward is None and "still running" in g.details["error"]
 
@@ -301,7 +301,7 @@ def test_infrastructure_errors_are_error_status(tmp_path, source):
     g = run_grading("test_runner", {**cfg, "git": "/nonexistent/git"}, TRAJ, s.context())
     assert g.status == "error" and "git" in g.details["error"]
     # no runtime at all (the session never started)
-    g = run_grading("test_runner", {"command": "true"}, TRAJ, {"session": {"runtime": {}}})
+    g = run_grading("test_runner", {"command": "true"}, TRAJ, GradeContext(runtime=None))
     assert g.status == "error" and "no runtime" in g.details["error"]
     # repo_source missing
     g = run_grading("test_runner", {**cfg, "repo_source": str(tmp_path / "nope")}, TRAJ, s.context())
@@ -350,3 +350,28 @@ def test_unknown_config_keys_are_rejected():
         load_grader("test_runner", {"command": "x", "comand": "y"})
     with pytest.raises(ValueError, match="eval_script or config.eval_command"):
         load_grader("swebench", {"instance": {"instance_id": "x"}})
+
+
+class SeesItsSession(Grader):
+    """A plug-in that grades from the session record and the task the pipeline passes."""
+
+    def evaluate(self, trajectory, context):
+        return Grade(1.0 if context.session.outcome == "COMPLETED" else 0.0,
+                     {"task": context.task.task_id, "runtime": context.runtime.backend,
+                      "image": context.runtime_spec.image, "left": context.remaining() > 0})
+
+
+def test_grade_context_for_a_session_carries_the_typed_record_and_task(tmp_path):
+    from polar_mq.model import RuntimeHandle, SessionRecord
+    from polar_mq.tasks.taskspec import parse_task
+
+    task = parse_task({"task_id": "t-ctx", "instruction": "x", "agent": {"harness": "shell", "model": "m", "options": {"command": "true"}},
+                       "runtime": {"backend": "local", "image": "img"}})
+    rec = SessionRecord(session_id="s-ctx", task_id="t-ctx", outcome="COMPLETED",
+                        runtime=RuntimeHandle(backend="local", session_dir=str(tmp_path), workdir=str(tmp_path)))
+    ctx = GradeContext.for_session(rec, task, tmp_path)
+    assert (ctx.session_id, ctx.task_id, ctx.runtime, ctx.runtime_spec) == ("s-ctx", "t-ctx", rec.runtime, task.runtime)
+    assert ctx.log_dir() == tmp_path / "logs" / "grader"
+    g = run_grading(f"{__name__}:SeesItsSession", {"timeout_seconds": 5}, TRAJ, ctx)
+    assert g.reward == 1.0 and g.details == {"task": "t-ctx", "runtime": "local", "image": "img", "left": True}
+    assert ctx.deadline is None  # the grader got its own copy with the budget's deadline

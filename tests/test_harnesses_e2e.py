@@ -65,11 +65,11 @@ def test_cli_end_to_end(harness, pipeline, gateway):
     [rec] = pipeline.wait([sid], timeout=180)
     log = ""
     if rec.runtime:
-        logf = Path(rec.runtime["session_dir"], "logs", f"harness-{rec.attempt}.log")
+        logf = Path(rec.runtime.session_dir, "logs", f"harness-{rec.attempt}.log")
         log = logf.read_text(errors="replace")[-3000:] if logf.exists() else ""
     assert rec.state == states.COMPLETED, (rec.state, rec.error, log)
     # (a shell tool, as Codex uses, adds a newline)
-    assert Path(rec.runtime["workdir"], "polar.txt").read_text().strip() == "hello from polar", log
+    assert Path(rec.runtime.workdir, "polar.txt").read_text().strip() == "hello from polar", log
 
     calls = gateway.calls(rec.gateway_session_id)
     assert len(calls) >= 2, log

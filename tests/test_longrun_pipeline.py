@@ -82,7 +82,7 @@ def test_sampling_policy_in_records_and_trajectory_and_workdirs_removed(pipeline
                "sampling": policy}))
     [rec] = pipeline.wait([sid], timeout=60)
     assert rec.state == states.COMPLETED, rec.error
-    sdir = Path(rec.runtime["session_dir"])
+    sdir = Path(rec.runtime.session_dir)
     assert sdir.is_dir() and sorted(p.name for p in sdir.iterdir()) == ["logs"]  # work dir and HOME gone
     assert any((sdir / "logs").iterdir())
     traj = pipeline.store.get_trajectory(sid)

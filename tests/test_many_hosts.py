@@ -55,7 +55,7 @@ def cluster(tmp_path_factory):
 
 
 def ran_on(rec) -> str | None:
-    return (rec.runtime or {}).get("host")
+    return rec.runtime_host
 
 
 def check(cluster: Cluster, sids: list[str], recs, label: str, t_fault: float | None = None) -> dict:

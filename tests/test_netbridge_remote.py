@@ -89,7 +89,7 @@ def test_sandbox_reaches_a_remote_gateway_only_through_its_forwarder(remote_host
     rt = BwrapRuntime()
     handle = rt.start(RuntimeSpec(backend="bwrap"), tmp_path / "s", "sess-remote")
     base_urls = {"openai": f"{remote_host}/v1"}
-    handle = {**handle, "gateway_urls": list(base_urls.values())}
+    handle = handle.updated(gateway_urls=list(base_urls.values()))
     assert rt.bridges_gateway(handle)
     forwarded = sandbox_urls(base_urls)["openai"].removesuffix("/v1") + "/health"
     r = rt.exec(handle, [sys.executable, "-c", PROBE, forwarded, f"{remote_host}/health"], env={}, timeout=30,

@@ -29,7 +29,7 @@ def test_end_to_end_several_samples(pipeline, gateway):
     recs = pipeline.wait(sids, timeout=90)
     assert [r.state for r in recs] == [states.COMPLETED] * 3
     for rec in recs:
-        assert Path(rec.runtime["workdir"], "polar.txt").read_text() == "hello from polar"
+        assert Path(rec.runtime.workdir, "polar.txt").read_text() == "hello from polar"
         assert rec.reward == 1.0 and rec.attempt == 0
         for stage in ("initializing", "ready", "running", "post_run"):
             assert f"{stage}_start" in rec.timings

@@ -31,7 +31,7 @@ def wait_state(p, sids, wanted, timeout=30.0):
 
 
 def marks(rec) -> list[str]:
-    return (Path(rec.runtime["session_dir"]) / "marks").read_text().split("\n")
+    return (Path(rec.runtime.session_dir) / "marks").read_text().split("\n")
 
 
 def assert_finished_once(rec):
@@ -83,7 +83,7 @@ def test_kill_init_worker_mid_prepare(gateway, tmp_path):
         recs = p.wait(sids, timeout=60)
         for rec in recs:
             assert_finished_once(rec)
-            assert Path(rec.runtime["workdir"], "polar.txt").exists()
+            assert Path(rec.runtime.workdir, "polar.txt").exists()
         assert any(r.attempt >= 1 for r in recs)
     finally:
         p.stop()

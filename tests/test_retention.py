@@ -77,7 +77,7 @@ def test_export_gives_every_key_of_the_task_its_retention(env):
     assert set(after) == set(before) | {Keys().task_exported(tid)}
     assert all(4000 < t <= 5000 for t in after.values()), after
     # the session's work dir went after postrun; its logs stay until gc prunes the task
-    sdir = recs[0].runtime["session_dir"]
+    sdir = recs[0].runtime.session_dir
     assert sorted(p.name for p in __import__("pathlib").Path(sdir).iterdir()) == ["logs"]
 
 

@@ -44,7 +44,7 @@ def test_instance_start_exec_stop_commands(tmp_path, monkeypatch):
                      "--bind", f"{tmp_path / 'cache'}:{tmp_path / 'cache'}:ro",
                      "--nv", "--cpus", "2", "--memory", "512M", "/images/task.sif", name]
     assert mkdir == ["apptainer", "exec", f"instance://{name}", "mkdir", "-p", "/testbed"]
-    assert handle["workdir"] == "/testbed" and handle["home"] == f"{sdir}/home"
+    assert handle.workdir == "/testbed" and handle.home == f"{sdir}/home"
     assert (tmp_path / "s" / "overlay").is_dir()
 
     rec.calls.clear()
@@ -61,7 +61,7 @@ def test_instance_start_exec_stop_commands(tmp_path, monkeypatch):
     assert kill[:3] == ["apptainer", "exec", f"instance://{name}"] and "kill -KILL -1" in kill[-1]
 
     rec.calls.clear()
-    rt.reap({**handle, "pgid": None})
+    rt.reap(handle.updated(pgid=None))
     rt.stop(handle)
     assert rec.calls[0][:3] == ["apptainer", "exec", f"instance://{name}"]
     assert rec.calls[1] == ["apptainer", "instance", "stop", name]
@@ -77,7 +77,7 @@ def test_no_gpu_no_limits_and_file_transfer(tmp_path):
     src = tmp_path / "f.txt"
     src.write_text("x")
     rt.upload(handle, src, "a/b.txt")
-    assert Path(handle["workdir"], "a", "b.txt").read_text() == "x"
+    assert Path(handle.workdir, "a", "b.txt").read_text() == "x"
     rt.upload(handle, src, "/etc/task.txt")  # outside the session dir: through the overlay
     assert (tmp_path / "s" / "overlay" / "upper" / "etc" / "task.txt").exists()
     rt.download(handle, "a/b.txt", tmp_path / "back.txt")

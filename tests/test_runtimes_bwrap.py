@@ -45,7 +45,7 @@ def test_sandbox_can_write_only_its_session_dir(gateway, tmp_path):
     rt = BwrapRuntime()
     handle = rt.start(RuntimeSpec(backend="bwrap"), tmp_path / "s", "sess-bw")
     outside = [str(tmp_path / "outside.txt"), str(ROOT / "bwrap-escape.txt"), "/root/bwrap-escape.txt"]
-    handle = {**handle, "gateway_urls": [gateway.url + "/s/x"]}
+    handle = handle.updated(gateway_urls=[gateway.url + "/s/x"])
     r = rt.exec(handle, [sys.executable, "-c", PROBE, gateway.url, *outside], env={}, timeout=30,
                 log_path=tmp_path / "s" / "logs" / "probe.log")
     out = r.output_tail
@@ -89,10 +89,10 @@ def test_session_runs_in_the_sandbox(gateway, tmp_path):
             agent={"harness": "shell", "options": {"command": cmd}}))
         [rec] = p.wait([sid], timeout=90)
         assert rec.state == states.COMPLETED, (rec.state, rec.error)
-        assert Path(rec.runtime["workdir"], "polar.txt").read_text() == "hello from polar"
-        assert Path(rec.runtime["workdir"], "notes", "readme.txt").read_text() == "prepared"
+        assert Path(rec.runtime.workdir, "polar.txt").read_text() == "hello from polar"
+        assert Path(rec.runtime.workdir, "notes", "readme.txt").read_text() == "prepared"
         assert not escape.exists()
-        log = Path(rec.runtime["session_dir"], "logs", "harness-0.log").read_text()
+        log = Path(rec.runtime.session_dir, "logs", "harness-0.log").read_text()
         assert "cannot-escape" in log
         traj = p.store.get_trajectory(sid)
         assert traj.stats["calls"] == 2 and traj.stats["traces"] == 1

@@ -48,7 +48,7 @@ def test_container_lifecycle_limits_files_and_timeout(engine, gateway, tmp_path)
     spec = RuntimeSpec(backend="docker", image=engine.image, env={"FOO": "bar"}, cpus=0.5, memory_mb=256)
     handle = rt.start(spec, tmp_path / "s", "sess-life")
     try:
-        c = engine.client().containers.get(handle["container"])
+        c = engine.client().containers.get(handle.container)
         assert c.labels[LABEL] == "sess-life" and c.status == "running"
         hc = c.attrs["HostConfig"]
         assert hc["Memory"] == 256 * 2**20 and hc["NanoCpus"] == 500_000_000
@@ -69,7 +69,7 @@ def test_container_lifecycle_limits_files_and_timeout(engine, gateway, tmp_path)
         r = rt.exec(handle, [sys.executable, "-c", probe, gateway.url], env={}, timeout=30,
                     log_path=tmp_path / "s" / "logs" / "nobridge.log")
         assert r.exit_code != 0  # no gateway_urls: nothing bridged
-        bridged = {**handle, "gateway_urls": [gateway.url + "/s/x"]}
+        bridged = handle.updated(gateway_urls=[gateway.url + "/s/x"])
         r = rt.exec(bridged, [sys.executable, "-c", probe, gateway.url], env={}, timeout=30,
                     log_path=tmp_path / "s" / "logs" / "bridge.log")
         assert r.exit_code == 0 and "200" in r.output_tail, r.output_tail
@@ -154,8 +154,8 @@ def test_session_in_container_survives_run_worker_kill(engine, gateway, tmp_path
         _, [sid] = p.submit(docker_task(engine, num_samples=1,
                                         agent={"harness": "shell", "options": {"command": SLOW_AGENT}}))
         [rec] = wait_state(p, [sid], {states.RUNNING})
-        name = rec.runtime["container"]
-        marks = Path(rec.runtime["session_dir"]) / "marks"
+        name = rec.runtime.container
+        marks = Path(rec.runtime.session_dir) / "marks"
         deadline = time.time() + 30
         while not (marks.exists() and "start" in marks.read_text()):
             assert time.time() < deadline, "harness never started in the container"
@@ -167,9 +167,9 @@ def test_session_in_container_survives_run_worker_kill(engine, gateway, tmp_path
         [rec] = p.wait([sid], timeout=120)
         assert rec.state == states.COMPLETED, (rec.state, rec.error)
         assert rec.stats["run_attempts"] == 2
-        lines = [ln for ln in (Path(rec.runtime["session_dir"]) / "marks").read_text().splitlines() if ln]
+        lines = [ln for ln in (Path(rec.runtime.session_dir) / "marks").read_text().splitlines() if ln]
         assert [ln.split()[0] for ln in lines] == ["start", "start", "end"], lines  # killed attempt never ended
-        assert Path(rec.runtime["host_workdir"], "polar.txt").read_text() == "hello from polar"
+        assert Path(rec.runtime.host_workdir, "polar.txt").read_text() == "hello from polar"
         traj = p.store.get_trajectory(sid)
         assert traj.status == "COMPLETED" and traj.stats["calls"] == 2 and traj.stats["traces"] == 1
         assert engine.containers() == []  # removed by postrun: nothing leaked
@@ -188,12 +188,12 @@ def test_harness_timeout_in_container(engine, gateway, tmp_path):
         _, [sid] = p.submit(docker_task(engine, num_samples=1, timeout_seconds=18,
                                         agent={"harness": "shell", "options": {"command": script}}))
         [rec] = wait_state(p, [sid], {states.RUNNING})
-        name = rec.runtime["container"]
+        name = rec.runtime.container
         [rec] = p.wait([sid], timeout=90)
         assert rec.state == states.TIMEOUT, (rec.state, rec.error)
         traj = p.store.get_trajectory(sid)
         assert traj.status == "TIMEOUT" and traj.stats["calls"] == 2 and traj.stats["traces"] == 1
-        log = Path(rec.runtime["session_dir"], "logs", f"harness-{rec.attempt}.log").read_text()
+        log = Path(rec.runtime.session_dir, "logs", f"harness-{rec.attempt}.log").read_text()
         assert "started" in log and "agent-done" in log and "never" not in log
         assert name not in [c.name for c in engine.containers()]
     finally:
@@ -221,9 +221,9 @@ def test_real_cli_in_container(engine, gateway, tmp_path):
                                         instruction="Create the file polar.txt polar:path=polar.txt",
                                         agent={"harness": "pi", "model": "stand-in"}))
         [rec] = p.wait([sid], timeout=120)
-        log = Path(rec.runtime["session_dir"], "logs", "harness-0.log").read_text(errors="replace")
+        log = Path(rec.runtime.session_dir, "logs", "harness-0.log").read_text(errors="replace")
         assert rec.state == states.COMPLETED, (rec.state, rec.error, log[-2000:])
-        assert Path(rec.runtime["host_workdir"], "polar.txt").read_text() == "hello from polar"
+        assert Path(rec.runtime.host_workdir, "polar.txt").read_text() == "hello from polar"
         traj = p.store.get_trajectory(sid)
         assert traj.stats["calls"] >= 2 and [t.metadata.get("role") for t in traj.traces].count("main") == 1
         assert engine.containers() == []

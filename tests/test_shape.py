@@ -16,7 +16,8 @@ import openai
 from conftest import TOKEN
 from polar_mq import client, client_cli, states
 from polar_mq.api.openapi import SESSION_STATES
-from polar_mq.model import TERMINAL_STATES, CaptureRecord, SessionState
+from polar_mq.model import TERMINAL_STATES, CaptureRecord, RuntimeHandle, SessionRecord, SessionState
+from polar_mq.store import pack, unpack
 from polar_mq.tasks.context import GatewayClient
 
 # Loaded by the stages only: the API must not pay for (or break on) harnesses, runtimes, graders.
@@ -49,3 +50,32 @@ def test_gateway_client_calls_are_capture_records(gateway: Any, session: dict[st
     assert calls[0].session_id == session["session_id"] and calls[0].completion_token_ids
     assert calls[0].to_dict() == CaptureRecord.from_dict(gateway.calls(session["session_id"])[0]).to_dict()
     assert GatewayClient(gateway.url, TOKEN).calls("no-such-session") == []
+
+
+# A handle as workers stored it before RuntimeHandle (a plain dict, stamped with its host), plus a key a newer
+# version might add: it loads into the typed handle and goes back to the same dict.
+OLD_BWRAP_HANDLE = {"backend": "bwrap", "session_dir": "/s/t/s1", "workdir": "/s/t/s1/work", "home": "/s/t/s1/home",
+                    "env": {"A": "1"}, "cwd": "/s/t/s1/work", "allow_internet": False, "gpus": 0,
+                    "host": "node-a", "pgid": 4242, "from_the_future": {"x": 1}}
+
+
+def test_runtime_handle_reads_and_writes_the_stored_dicts() -> None:
+    handle = RuntimeHandle.from_dict(OLD_BWRAP_HANDLE)
+    assert (handle.backend, handle.pgid, handle.host, handle.allow_internet) == ("bwrap", 4242, "node-a", False)
+    assert handle.to_dict() == OLD_BWRAP_HANDLE
+    local = RuntimeHandle(backend="local", session_dir="/s", workdir="/s/work", home="/s/home")
+    assert local.to_dict() == {"backend": "local", "session_dir": "/s", "workdir": "/s/work", "home": "/s/home",
+                               "env": {}}  # no None fields: a local handle stays the dict it was
+    assert handle.is_here("node-a") and not handle.is_here("node-b") and local.is_here("anywhere")
+    assert local.stamped("n1").host == "n1" and local.host is None  # copies, never edits in place
+
+
+def test_session_record_keeps_its_runtime_typed_through_redis_form() -> None:
+    old = SessionRecord(session_id="s1", task_id="t").to_dict()
+    assert old["runtime"] == {}  # "no runtime" is stored as it always was
+    assert SessionRecord.from_dict(old).runtime is None
+    rec = SessionRecord.from_dict({**old, "runtime": OLD_BWRAP_HANDLE})
+    assert isinstance(rec.runtime, RuntimeHandle) and rec.runtime_host == "node-a"
+    assert rec.runtime_is_here("node-a") and not rec.runtime_is_here("node-b")
+    assert SessionRecord.from_dict(old).runtime_is_here("node-b")  # nothing started: nothing to defer to
+    assert unpack(pack(rec.to_dict()))["runtime"] == OLD_BWRAP_HANDLE

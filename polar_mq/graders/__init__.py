@@ -10,7 +10,7 @@ or by name from the `polar_mq.graders` entry-point group:
         my_grader = my_pkg.graders:MyGrader
 
 A grader is any class taking the config as keyword arguments with a
-`grade(trajectory, context) -> Grade` method (see base.py for the context and the
+`grade(trajectory, context) -> Grade` method (see base.py for the GradeContext and the
 ok / timeout / error statuses). Deriving from `Grader` adds the time budget and turns
 `InfraError` / `GraderTimeout` into the right Grade.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from ..model import Trajectory
 from ..plugins import import_object
-from .base import DEFAULT_TIMEOUT, ERROR, OK, TIMEOUT, Grade, Grader, GraderTimeout, InfraError
+from .base import DEFAULT_TIMEOUT, ERROR, OK, TIMEOUT, Grade, GradeContext, Grader, GraderTimeout, InfraError
 
 ENTRY_POINT_GROUP = "polar_mq.graders"
 COMMON_KEYS = ("timeout_seconds", "keep_only_passing", "pass_threshold", "sft_path", "sft_roles")
@@ -46,7 +46,7 @@ class CompletionGrader(Grader):
             raise ValueError(f"grader 'completion' takes no config, got {sorted(config)}")
         super().__init__()
 
-    def evaluate(self, trajectory: Trajectory, context: dict[str, Any]) -> Grade:
+    def evaluate(self, trajectory: Trajectory, context: GradeContext) -> Grade:
         ok = trajectory.status == "COMPLETED"
         return Grade(1.0 if ok else 0.0, {"status": trajectory.status}, passed=ok)
 
@@ -122,5 +122,5 @@ def grader_timeout(config: dict[str, Any] | None) -> float:
 
 
 __all__ = ["COMMON_KEYS", "DEFAULT_TIMEOUT", "ENTRY_POINT_GROUP", "ERROR", "OK", "TIMEOUT", "CompletionGrader",
-           "Grade", "Grader", "GraderTimeout", "InfraError", "available", "grader_timeout", "load_grader",
+           "Grade", "GradeContext", "Grader", "GraderTimeout", "InfraError", "available", "grader_timeout", "load_grader",
            "register", "resolve", "split_config"]

@@ -1,12 +1,8 @@
 """The grader interface: a finished session (trajectory + runtime context) → a `Grade`.
 
-A grader is any object with `grade(trajectory, context) -> Grade`. The context the postrun stage
-passes is a plain dict:
-
-- `session`: the SessionRecord as a dict (`runtime` is the live runtime handle, `outcome`, ...)
-- `task`: the TaskRequest as a dict (`runtime` is the RuntimeSpec used to start a fresh runtime)
-- `session_dir`: the session's directory on the worker (logs go under `<session_dir>/logs/`)
-- `deadline`: unix time by which grading must be finished (the grader's own time budget)
+A grader is any object with `grade(trajectory, context) -> Grade`; `context` is a `GradeContext`
+(the session's runtime handle, the task's runtime spec for a fresh runtime, the session dir for
+logs, the grading deadline, and the full session record and task when the postrun stage grades).
 
 Three outcomes are kept apart so trainers can tell them from each other:
 
@@ -19,11 +15,15 @@ Three outcomes are kept apart so trainers can tell them from each other:
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
-from ..model import Trajectory
+from ..model import RuntimeHandle, SessionRecord, Trajectory
+from ..tasks.taskspec import RuntimeSpec, TaskRequest
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 
@@ -63,6 +63,53 @@ class Grade:
         return cls(reward, {"timed_out": True, "error": message, **details}, TIMEOUT, passed=False)
 
 
+@dataclass
+class GradeContext:
+    """What a grader may use besides the trajectory.
+
+    Typed (it was a dict of dicts) so every grader and helper reads the same named fields, and a
+    grader run outside the pipeline (tests, offline re-grading) builds one from what it has:
+    `GradeContext(runtime=handle, runtime_spec=spec)` is enough for the workspace helpers.
+    """
+
+    session_id: str = "grade"
+    task_id: str | None = None
+    runtime: RuntimeHandle | None = None  # the session's live runtime (None: it never started)
+    runtime_spec: RuntimeSpec = field(default_factory=RuntimeSpec)  # the task's: for a fresh runtime
+    session_dir: Path | None = None  # the session's directory on the worker (logs: <dir>/logs/grader)
+    deadline: float | None = None  # unix time by which grading must be done (the grader's budget)
+    session: SessionRecord | None = None  # the full record (outcome, stats...) when the pipeline grades
+    task: TaskRequest | None = None  # the full task when the pipeline grades
+    get_runtime: Callable[[str], Any] | None = None  # the runtime factory by backend (a test seam)
+    scratch_dir: Path | None = None  # where logs go without a session dir (made on first use)
+
+    @classmethod
+    def for_session(cls, session: SessionRecord, task: TaskRequest, session_dir: Path) -> GradeContext:
+        """The context the postrun stage grades a session in."""
+        return cls(session_id=session.session_id, task_id=session.task_id, runtime=session.runtime,
+                   runtime_spec=task.runtime, session_dir=Path(session_dir), session=session, task=task)
+
+    def with_budget(self, seconds: float) -> GradeContext:
+        """A copy whose deadline is `seconds` from now."""
+        return dataclasses.replace(self, deadline=time.time() + seconds)
+
+    def remaining(self, default: float = DEFAULT_TIMEOUT) -> float:
+        """Seconds left in the grading budget (without a deadline: one is set, `default` from now)."""
+        if self.deadline is None:
+            self.deadline = time.time() + default
+        return self.deadline - time.time()
+
+    def log_dir(self, handle: RuntimeHandle | None = None) -> Path:
+        """Where grader command logs go: the session dir's (or `handle`'s) logs/grader, else a
+        scratch dir made once per context."""
+        base = self.session_dir or (handle.session_dir if handle is not None and handle.session_dir else None)
+        if base:
+            return Path(base) / "logs" / "grader"
+        if self.scratch_dir is None:
+            self.scratch_dir = Path(tempfile.mkdtemp(prefix="polar-grade-"))
+        return self.scratch_dir
+
+
 class InfraError(Exception):
     """Grading could not be done for reasons that are not the agent's (→ Grade status error)."""
 
@@ -82,9 +129,10 @@ class Grader:
     def __init__(self, **config: Any):
         self.config = config
 
-    def grade(self, trajectory: Trajectory, context: dict[str, Any] | None = None) -> Grade:
-        context = dict(context or {})
-        context.setdefault("deadline", time.time() + self.timeout_seconds)
+    def grade(self, trajectory: Trajectory, context: GradeContext | None = None) -> Grade:
+        context = dataclasses.replace(context) if context is not None else GradeContext()  # ours to set
+        if context.deadline is None:
+            context.deadline = time.time() + self.timeout_seconds
         try:
             grade = self.evaluate(trajectory, context)
         except GraderTimeout as exc:
@@ -94,13 +142,5 @@ class Grader:
         grade.metadata.setdefault("grader", self.name)
         return grade
 
-    def evaluate(self, trajectory: Trajectory, context: dict[str, Any]) -> Grade:  # pragma: no cover
+    def evaluate(self, trajectory: Trajectory, context: GradeContext) -> Grade:  # pragma: no cover
         raise NotImplementedError
-
-
-def remaining(context: dict[str, Any], default: float = DEFAULT_TIMEOUT) -> float:
-    """Seconds left in the grading budget (the context's `deadline`, else `default` from now)."""
-    deadline = context.get("deadline")
-    if deadline is None:
-        context["deadline"] = deadline = time.time() + default
-    return float(deadline) - time.time()

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from ..model import Trajectory
 from . import grader_timeout, load_grader, split_config
-from .base import Grade
+from .base import Grade, GradeContext
 
 log = logging.getLogger("polar_mq.graders")
 
@@ -23,9 +22,9 @@ GRACE_S = 30.0
 
 
 def run_grading(strategy: str, config: dict[str, Any] | None, trajectory: Trajectory,
-                context: dict[str, Any], *, grace: float = GRACE_S) -> Grade:
+                context: GradeContext | None = None, *, grace: float = GRACE_S) -> Grade:
     budget = grader_timeout(config)
-    context = {**context, "deadline": time.time() + budget}
+    context = (context or GradeContext()).with_budget(budget)
     box: dict[str, Any] = {}
 
     def work() -> None:

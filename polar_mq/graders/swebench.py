@@ -50,10 +50,9 @@ import shlex
 from typing import Any
 
 from ..model import Trajectory
-from .base import Grade, Grader, InfraError
+from .base import Grade, GradeContext, Grader, InfraError
 from .workspace import (GRADE_DIR, TEST_CONFIG, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
-                        guard_patch, patch_files, restore_dirs, restore_paths, session_workspace,
-                        task_runtime_spec)
+                        guard_patch, patch_files, restore_dirs, restore_paths, session_workspace)
 
 SWEBENCH_VERSION = "5.0.2"
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
@@ -134,13 +133,13 @@ class SWEBenchGrader(Grader):
             inst[key] = _as_list(inst.get(key))
         self.instance = inst
 
-    def evaluate(self, trajectory: Trajectory, context: dict[str, Any]) -> Grade:
+    def evaluate(self, trajectory: Trajectory, context: GradeContext) -> Grade:
         make_test_spec, get_logs_eval, get_eval_report = _import_swebench()
         cfg, inst = self.config, self.instance
         repo_dir = cfg.get("repo_dir") or "."
         base = inst.get("base_commit") or "HEAD"
         git = cfg.get("git") or "git"
-        iid = inst.get("instance_id") or (context.get("task") or {}).get("task_id") or "instance"
+        iid = inst.get("instance_id") or context.task_id or "instance"
         f2p, p2p = inst["FAIL_TO_PASS"], inst["PASS_TO_PASS"]
         meta: dict[str, Any] = {"instance_id": iid, "swebench": swebench_available()}
 
@@ -205,11 +204,11 @@ class SWEBenchGrader(Grader):
             details["unparseable_log"] = True
         return Grade(1.0 if resolved else 0.0, details, tests=dict(statuses), passed=resolved, metadata=meta)
 
-    def _spec_row(self, iid: str, context: dict[str, Any], base: str, protected: list[str]) -> dict[str, Any]:
+    def _spec_row(self, iid: str, context: GradeContext, base: str, protected: list[str]) -> dict[str, Any]:
         inst = self.instance
         row = {
             "instance_id": iid,
-            "image": inst.get("image") or task_runtime_spec(context).image or "local",
+            "image": inst.get("image") or context.runtime_spec.image or "local",
             "repo": inst.get("repo") or "local/repo",
             "version": str(inst.get("version") or "0"),
             "FAIL_TO_PASS": inst["FAIL_TO_PASS"],

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..model import Trajectory
 from . import parsing
-from .base import Grade, Grader, InfraError
+from .base import Grade, GradeContext, Grader, InfraError
 from .workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace, guard_patch,
                         restore_dirs, restore_paths, session_workspace)
 
@@ -56,7 +56,7 @@ class TestRunnerGrader(Grader):
             raise ValueError("grader 'test_runner': format junit needs junit_xml")
         super().__init__(**config)
 
-    def evaluate(self, trajectory: Trajectory, context: dict[str, Any]) -> Grade:
+    def evaluate(self, trajectory: Trajectory, context: GradeContext) -> Grade:
         cfg = self.config
         if not cfg.get("fresh"):
             return self._run(session_workspace(context), context, {"runtime": "session"})
@@ -83,7 +83,7 @@ class TestRunnerGrader(Grader):
             cleanup_scratch(ws)
             return self._run(ws, context, meta)
 
-    def _run(self, ws: Workspace, context: dict[str, Any], meta: dict[str, Any]) -> Grade:
+    def _run(self, ws: Workspace, context: GradeContext, meta: dict[str, Any]) -> Grade:
         cfg = self.config
         repo_dir = cfg.get("repo_dir") or "."
         junit = cfg.get("junit_xml")

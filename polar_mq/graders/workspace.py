@@ -14,7 +14,7 @@
   the agent added under them, so grading never runs the agent's edits of the tests;
   `restore_dirs`: the guarded test directories' tracked files back as at the base commit.
 
-Every command runs under the grading budget (`context["deadline"]`); a command that outlives it
+Every command runs under the grading budget (`GradeContext.deadline`); a command that outlives it
 raises GraderTimeout. Problems that are not the agent's fault raise InfraError.
 """
 
@@ -28,10 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..model import RuntimeHandle
 from ..runtimes import get_runtime, resolve_backend
 from ..runtimes.base import ExecResult
 from ..tasks.taskspec import RuntimeSpec
-from .base import GraderTimeout, InfraError, remaining
+from .base import GradeContext, GraderTimeout, InfraError
 
 # Never part of the agent's patch: caches, build outputs, environments.
 DEFAULT_EXCLUDES = (
@@ -47,7 +48,7 @@ NO_GIT, NO_PATCH, NO_REPO, BAD_BASE = 97, 98, 95, 94
 class Workspace:
     """A runtime handle plus budgeted command execution with per-command log files."""
 
-    def __init__(self, runtime: Any, handle: dict[str, Any], context: dict[str, Any], log_dir: Path,
+    def __init__(self, runtime: Any, handle: RuntimeHandle, context: GradeContext, log_dir: Path,
                  label: str):
         self.runtime = runtime
         self.handle = handle
@@ -63,7 +64,7 @@ class Workspace:
 
         The timeout is the smaller of `timeout` and what is left of the grading budget; with
         `check_budget`, a command that times out raises GraderTimeout."""
-        left = remaining(self.context)
+        left = self.context.remaining()
         if left <= 0:
             raise GraderTimeout(f"grading budget spent before {name!r}")
         limit = left if timeout is None else min(left, timeout)
@@ -103,58 +104,43 @@ class Workspace:
             return dst.read_text(errors="replace") if dst.is_file() else None
 
 
-def _runtime_for(context: dict[str, Any], backend: str):
-    factory = context.get("get_runtime") or get_runtime
+def _runtime_for(context: GradeContext, backend: str) -> Any:
+    factory = context.get_runtime or get_runtime
     try:
         return factory(backend)
     except Exception as exc:
         raise InfraError(f"runtime backend {backend!r} unavailable: {exc}") from exc
 
 
-def _log_dir(context: dict[str, Any], handle: dict[str, Any] | None = None) -> Path:
-    base = context.get("session_dir") or (handle or {}).get("session_dir")
-    if base:
-        return Path(base) / "logs" / "grader"
-    path = context.get("_tmp_log_dir")
-    if not path:
-        path = context["_tmp_log_dir"] = tempfile.mkdtemp(prefix="polar-grade-")
-    return Path(path)
-
-
-def task_runtime_spec(context: dict[str, Any]) -> RuntimeSpec:
-    data = (context.get("task") or {}).get("runtime") or {}
-    return RuntimeSpec(**data) if isinstance(data, dict) else data
-
-
-def session_workspace(context: dict[str, Any]) -> Workspace:
-    session = context.get("session") or {}
-    handle = session.get("runtime") or context.get("runtime_handle")
+def session_workspace(context: GradeContext) -> Workspace:
+    handle = context.runtime
     if not handle:
         raise InfraError("the session has no runtime to grade in (it never started)")
-    backend = handle.get("backend") or task_runtime_spec(context).backend
-    return Workspace(_runtime_for(context, backend), handle, context, _log_dir(context, handle), "session")
+    backend = handle.backend or context.runtime_spec.backend
+    return Workspace(_runtime_for(context, backend), handle, context, context.log_dir(handle), "session")
 
 
 @contextmanager
-def fresh_workspace(context: dict[str, Any], config: dict[str, Any]) -> Iterator[Workspace]:
+def fresh_workspace(context: GradeContext, config: dict[str, Any]) -> Iterator[Workspace]:
     """A fresh runtime from the task's runtime spec, populated with the pristine repository.
 
     config: `repo_source` (host path copied to `repo_dir`), `rerun_prepare` (default: true when
     there is no repo_source), `keep_fresh` (keep the local copy after grading, for debugging)."""
-    spec = task_runtime_spec(context)
-    runtime = _runtime_for(context, resolve_backend(spec, (context.get("session") or {}).get("runtime")))
-    session_dir = context.get("session_dir") or (context.get("session") or {}).get("runtime", {}).get("session_dir")
-    root = Path(session_dir) if session_dir else _log_dir(context)
+    spec = context.runtime_spec
+    live = context.runtime
+    runtime = _runtime_for(context, resolve_backend(spec, live))
+    session_dir = context.session_dir or (live.session_dir if live and live.session_dir else None)
+    root = Path(session_dir) if session_dir else context.log_dir()
     n = 0
     while (root / "grade" / f"fresh-{n}").exists():
         n += 1
     fresh_dir = root / "grade" / f"fresh-{n}"
-    sid = f"{(context.get('session') or {}).get('session_id', 'grade')}.grade{n}"
+    sid = f"{context.session_id}.grade{n}"
     try:
         handle = runtime.start(spec, fresh_dir, sid)
     except Exception as exc:
         raise InfraError(f"fresh runtime could not start: {exc}") from exc
-    ws = Workspace(runtime, handle, context, _log_dir(context, handle), f"fresh{n}")
+    ws = Workspace(runtime, handle, context, context.log_dir(handle), f"fresh{n}")
     try:
         repo_dir = config.get("repo_dir") or "."
         source = config.get("repo_source")
@@ -173,8 +159,8 @@ def fresh_workspace(context: dict[str, Any], config: dict[str, Any]) -> Iterator
             runtime.stop(handle)
         except Exception:
             pass
-        if handle.get("backend") == "local" and not config.get("keep_fresh"):
-            shutil.rmtree(Path(handle["workdir"]), ignore_errors=True)
+        if handle.backend == "local" and not config.get("keep_fresh"):
+            shutil.rmtree(Path(handle.workdir), ignore_errors=True)
 
 
 def _prepare(ws: Workspace, spec: RuntimeSpec) -> None:

@@ -14,7 +14,9 @@ import logging
 import shutil
 import subprocess
 
+from ..model import RuntimeHandle
 from ..plugins import import_object
+from ..tasks.taskspec import RuntimeSpec
 from .base import ExecResult, Runtime
 
 log = logging.getLogger("polar_mq.runtimes")
@@ -75,13 +77,13 @@ def select_backend(image: str | None, session_id: str = "") -> str:
     return "local"
 
 
-def resolve_backend(spec, handle: dict | None = None, session_id: str = "") -> str:
+def resolve_backend(spec: RuntimeSpec, handle: RuntimeHandle | None = None, session_id: str = "") -> str:
     """The concrete backend of a task's runtime: as written, or for ``auto`` the one the session's
     handle records (chosen at init), else a fresh choice."""
     if spec.backend != AUTO:
         return spec.backend
-    if handle and handle.get("backend") in _FACTORIES:
-        return handle["backend"]
+    if handle is not None and handle.backend in _FACTORIES:
+        return handle.backend
     return select_backend(spec.image, session_id)
 
 

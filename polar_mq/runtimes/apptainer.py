@@ -32,8 +32,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
+from ..model import RuntimeHandle
 from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult
+from .base import ExecResult, OnStart
 from .local import base_env, kill_group, supervise
 from .orphans import owner_env
 
@@ -84,19 +85,19 @@ class ApptainerRuntime:
             argv += ["--memory", f"{int(spec.memory_mb)}M"]
         return argv + [str(spec.image), name]
 
-    def exec_argv(self, handle: dict[str, Any], command: list[str]) -> list[str]:
-        return [self.binary, "exec", "--cleanenv", "--pwd", handle["workdir"],
-                f"instance://{handle['instance']}", *command]
+    def exec_argv(self, handle: RuntimeHandle, command: list[str]) -> list[str]:
+        return [self.binary, "exec", "--cleanenv", "--pwd", handle.workdir,
+                f"instance://{handle.instance}", *command]
 
-    def kill_argv(self, handle: dict[str, Any], grace: float = 1.0) -> list[str]:
-        return [self.binary, "exec", f"instance://{handle['instance']}", "sh", "-c",
+    def kill_argv(self, handle: RuntimeHandle, grace: float = 1.0) -> list[str]:
+        return [self.binary, "exec", f"instance://{handle.instance}", "sh", "-c",
                 KILL_ALL.format(grace=grace)]
 
-    def stop_argv(self, handle: dict[str, Any]) -> list[str]:
-        return [self.binary, "instance", "stop", handle["instance"]]
+    def stop_argv(self, handle: RuntimeHandle) -> list[str]:
+        return [self.binary, "instance", "stop", str(handle.instance)]
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
         if not spec.image:
             raise ValueError("runtime.image is required for the apptainer backend")
         if not spec.allow_internet:
@@ -107,9 +108,9 @@ class ApptainerRuntime:
         for d in (work, home, sdir / "logs", sdir / "overlay"):
             d.mkdir(parents=True, exist_ok=True)
         name = instance_name(session_id)
-        handle = {"backend": self.backend, "instance": name, "session_dir": str(sdir),
-                  "workdir": spec.workdir or str(work), "host_workdir": str(work), "home": str(home),
-                  "env": dict(spec.env)}
+        handle = RuntimeHandle(backend=self.backend, instance=name, session_dir=str(sdir),
+                               workdir=spec.workdir or str(work), host_workdir=str(work), home=str(home),
+                               env=dict(spec.env))
         self.runner(self.stop_argv(handle))  # an earlier init attempt's instance
         res = self.runner(self.start_argv(spec, sdir, name))
         if getattr(res, "returncode", 0) != 0:
@@ -118,22 +119,21 @@ class ApptainerRuntime:
             self.runner([self.binary, "exec", f"instance://{name}", "mkdir", "-p", spec.workdir])
         return handle
 
-    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+    def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
-             on_start: Callable[[dict[str, Any]], None] | None = None,
-             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+             on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
         cmd = ["sh", "-c", command] if isinstance(command, str) else list(command)
         inner = base_env(handle, env)
         host_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **owner_env(handle),
                     **{f"APPTAINERENV_{k}": v for k, v in inner.items() if k != "PATH"}}
-        result = self.supervisor(self.exec_argv(handle, cmd), cwd=handle["session_dir"], env=host_env,
+        result = self.supervisor(self.exec_argv(handle, cmd), cwd=handle.session_dir, env=host_env,
                                  timeout=timeout, log_path=log_path, should_stop=should_stop,
                                  on_start=on_start, heartbeat=heartbeat)
         # What the command left inside the instance (all of it, after a timeout or stop).
         self.runner(self.kill_argv(handle, grace=1.0 if (result.timed_out or result.stopped) else 0.2))
         return result
 
-    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None:
+    def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None:
         target = self._host_path(handle, dst)
         target.parent.mkdir(parents=True, exist_ok=True)
         if Path(src).is_dir():
@@ -141,28 +141,28 @@ class ApptainerRuntime:
         else:
             shutil.copy2(src, target)
 
-    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None:
+    def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None:
         source = self._host_path(handle, src)
         if source.is_dir():
             shutil.copytree(source, dst, dirs_exist_ok=True)
         else:
             shutil.copy2(source, dst)
 
-    def _host_path(self, handle: dict[str, Any], path: str) -> Path:
+    def _host_path(self, handle: RuntimeHandle, path: str) -> Path:
         """Files move through the bound session dir; paths elsewhere in the instance are reached
         through the overlay's upper dir."""
-        full = path if path.startswith("/") else os.path.join(handle["workdir"], path)
-        if full == handle["session_dir"] or full.startswith(handle["session_dir"] + "/"):
+        full = path if path.startswith("/") else os.path.join(handle.workdir, path)
+        if full == handle.session_dir or full.startswith(handle.session_dir + "/"):
             return Path(full)
-        return Path(handle["session_dir"]) / "overlay" / "upper" / full.lstrip("/")
+        return Path(handle.session_dir) / "overlay" / "upper" / full.lstrip("/")
 
-    def reap(self, handle: dict[str, Any]) -> None:
+    def reap(self, handle: RuntimeHandle | None) -> None:
         if not handle:
             return
-        if handle.get("pgid"):
-            kill_group(int(handle["pgid"]), grace=0.5)
+        if handle.pgid:
+            kill_group(int(handle.pgid), grace=0.5)
         self.runner(self.kill_argv(handle, grace=0.5))
 
-    def stop(self, handle: dict[str, Any]) -> None:
+    def stop(self, handle: RuntimeHandle | None) -> None:
         if handle:
             self.runner(self.stop_argv(handle))

@@ -1,6 +1,6 @@
 """The runtime interface: where a session's harness runs (a process sandbox or a container).
 
-A runtime is re-attachable: `start` returns a plain-dict handle that is stored in the session
+A runtime is re-attachable: `start` returns a `model.RuntimeHandle` that is stored in the session
 record, so the init worker can prepare a session and a run worker on another process (or host,
 for shared backends) can execute in it, and a takeover after a worker died can reap what it left.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from ..model import RuntimeHandle
 from ..tasks.taskspec import RuntimeSpec
 
 
@@ -25,27 +26,31 @@ class ExecResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# What `Runtime.exec` reports once its command runs: RuntimeHandle fields (pgid, exec_id).
+OnStart = Callable[[dict[str, Any]], None]
+
+
 class Runtime(Protocol):
     backend: str
 
-    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
-        """Create the session's environment; returns a handle (JSON-able dict)."""
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
+        """Create the session's environment; returns its handle."""
 
-    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+    def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
-             on_start: Callable[[dict[str, Any]], None] | None = None,
-             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+             on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
         """Run a command inside; on timeout or stop the process tree is killed *inside* the runtime
-        and the output so far is kept in log_path."""
+        and the output so far is kept in log_path. `on_start` gets the handle fields that find the
+        running command again (pgid, exec_id), for the session record."""
 
-    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None: ...
+    def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None: ...
 
-    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None: ...
+    def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None: ...
 
-    def reap(self, handle: dict[str, Any]) -> None:
+    def reap(self, handle: RuntimeHandle) -> None:
         """Kill whatever a previous (dead) worker left running for this session."""
 
-    def stop(self, handle: dict[str, Any]) -> None:
+    def stop(self, handle: RuntimeHandle) -> None:
         """Tear down; idempotent."""
 
 

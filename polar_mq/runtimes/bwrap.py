@@ -33,8 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from ..model import RuntimeHandle
 from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult
+from .base import ExecResult, OnStart
 from .local import LocalRuntime, base_env, kill_group, supervise
 from .netbridge import UnixRelay, sandbox_forwards
 from .session_guard import SessionGuard, key_from_urls
@@ -87,30 +88,29 @@ def bwrap_path() -> str | None:
 class BwrapRuntime(LocalRuntime):
     backend = "bwrap"
 
-    def bridges_gateway(self, handle: dict[str, Any]) -> bool:
+    def bridges_gateway(self, handle: RuntimeHandle) -> bool:
         """True when the sandbox has no network: the harness gets the forwarded (loopback) URLs."""
-        return not handle.get("allow_internet")
+        return not handle.allow_internet
 
-    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
         if bwrap_path() is None:
             raise RuntimeError("the bwrap backend needs bubblewrap (apt-get install bubblewrap)")
         session_dir = Path(session_dir).resolve()
         handle = super().start(spec, session_dir, session_id)
         if spec.cpus or spec.memory_mb:
             log.warning("bwrap: cpus/memory_mb are not enforced by bubblewrap (session %s)", session_id)
-        handle.update({"backend": self.backend, "cwd": spec.workdir or handle["workdir"],
-                       "allow_internet": bool(spec.allow_internet), "gpus": spec.gpus or 0})
-        return handle
+        return handle.updated(backend=self.backend, cwd=spec.workdir or handle.workdir,
+                              allow_internet=bool(spec.allow_internet), gpus=spec.gpus or 0)
 
-    def argv(self, handle: dict[str, Any], command: list[str], bridges: list[tuple[str, int, str]]
+    def argv(self, handle: RuntimeHandle, command: list[str], bridges: list[tuple[str, int, str]]
              ) -> list[str]:
         """The bwrap command line for `command` (bridges: (host, port, host socket dir))."""
-        sdir = handle["session_dir"]
+        sdir = handle.session_dir
         argv = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
-        if handle.get("allow_internet"):
+        if handle.allow_internet:
             argv.append("--share-net")
         argv += ["--ro-bind", "/", "/"]
-        argv += ["--dev-bind", "/dev", "/dev"] if handle.get("gpus") else ["--dev", "/dev"]
+        argv += ["--dev-bind", "/dev", "/dev"] if handle.gpus else ["--dev", "/dev"]
         argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
         for path in host_paths_under_tmp():  # the private /tmp must not hide our interpreter
             argv += ["--ro-bind", path, path]
@@ -118,9 +118,9 @@ class BwrapRuntime(LocalRuntime):
             if path != sdir:
                 argv += ["--tmpfs", path]
         argv += ["--bind", sdir, sdir]
-        cwd = handle.get("cwd") or handle["workdir"]
-        if cwd != handle["workdir"]:
-            argv += ["--bind", handle["workdir"], cwd]
+        cwd = handle.cwd or handle.workdir
+        if cwd != handle.workdir:
+            argv += ["--bind", handle.workdir, cwd]
         if bridges:
             argv += ["--bind", bridges[0][2], BRIDGE_DIR]
         argv += ["--chdir", cwd, "--"]
@@ -131,27 +131,26 @@ class BwrapRuntime(LocalRuntime):
             argv.append("--")
         return argv + command
 
-    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+    def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
-             on_start: Callable[[dict[str, Any]], None] | None = None,
-             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+             on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
         cmd = ["bash", "-lc", command] if isinstance(command, str) else list(command)
         relays: list[UnixRelay] = []
         bridges: list[tuple[str, int, str]] = []
         tmp = None
         try:
-            if not handle.get("allow_internet"):
+            if not handle.allow_internet:
                 # Loopback and remote gateways alike (netbridge.sandbox_forwards); only this
                 # session's provider endpoints pass the bridge (session_guard).
-                key = key_from_urls(handle.get("gateway_urls") or [])
+                key = key_from_urls(handle.gateway_urls)
                 guard = SessionGuard(key) if key else None
-                for fw in sandbox_forwards(handle.get("gateway_urls") or []):
+                for fw in sandbox_forwards(handle.gateway_urls):
                     if tmp is None:  # short path: unix socket paths are limited to 108 bytes
                         tmp = tempfile.mkdtemp(prefix="polar-gw-")
                     relays.append(UnixRelay(Path(tmp) / f"{fw.port}.sock", fw.target_host, fw.target_port,
                                             guard))
                     bridges.append((fw.listen_host, fw.port, tmp))
-            return supervise(self.argv(handle, cmd, bridges), cwd=handle["workdir"],
+            return supervise(self.argv(handle, cmd, bridges), cwd=handle.workdir,
                              env=base_env(handle, env), timeout=timeout, log_path=log_path,
                              should_stop=should_stop, on_start=on_start, heartbeat=heartbeat)
         finally:
@@ -160,8 +159,7 @@ class BwrapRuntime(LocalRuntime):
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def reap(self, handle: dict[str, Any]) -> None:
+    def reap(self, handle: RuntimeHandle) -> None:
         # Killing bwrap's process group ends the sandbox's PID namespace and all in it.
-        pgid = handle.get("pgid")
-        if pgid:
-            kill_group(int(pgid), grace=0.5)
+        if handle.pgid:
+            kill_group(int(handle.pgid), grace=0.5)

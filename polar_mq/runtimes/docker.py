@@ -52,9 +52,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..logcap import RotatingLog
+from ..model import RuntimeHandle
 from ..settings import DockerSettings
 from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, tail
+from .base import ExecResult, OnStart, tail
 
 log = logging.getLogger("polar_mq.runtimes.docker")
 
@@ -106,7 +107,7 @@ class DockerRuntime:
         return self._client
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
         from docker.errors import NotFound
         from docker.types import DeviceRequest
 
@@ -150,31 +151,30 @@ class DockerRuntime:
             kwargs["device_requests"] = [DeviceRequest(count=int(spec.gpus), capabilities=[["gpu"]])]
         container = self.client.containers.run(spec.image, **kwargs)
         cwd = spec.workdir or str(work)
-        handle = {"backend": self.backend, "container": name, "container_id": container.id,
-                  "session_dir": str(sdir), "workdir": cwd, "host_workdir": str(work), "home": str(home),
-                  "env": dict(spec.env), "network": kwargs["network_mode"]}
+        handle = RuntimeHandle(backend=self.backend, container=name, container_id=container.id,
+                               session_dir=str(sdir), workdir=cwd, host_workdir=str(work), home=str(home),
+                               env=dict(spec.env), network=kwargs["network_mode"])
         if spec.workdir:
             self._run(handle, ["mkdir", "-p", spec.workdir])
         return handle
 
-    def _container(self, handle: dict[str, Any]):
-        return self.client.containers.get(handle.get("container_id") or handle["container"])
+    def _container(self, handle: RuntimeHandle):
+        return self.client.containers.get(handle.container_id or handle.container)
 
-    def _run(self, handle: dict[str, Any], argv: list[str]) -> tuple[int, bytes]:
+    def _run(self, handle: RuntimeHandle, argv: list[str]) -> tuple[int, bytes]:
         res = self._container(handle).exec_run(argv, user="0", workdir="/")
         return res.exit_code, res.output
 
-    def kill_all(self, handle: dict[str, Any], grace: float = 1.0) -> None:
+    def kill_all(self, handle: RuntimeHandle, grace: float = 1.0) -> None:
         """Kill every process in the container except PID 1 (inside the container)."""
         try:
             self._run(handle, ["sh", "-c", KILL_ALL.format(grace=grace)])
         except Exception as exc:  # noqa: BLE001 - the container may be gone already
-            log.debug("kill_all on %s: %s", handle.get("container"), exc)
+            log.debug("kill_all on %s: %s", handle.container, exc)
 
-    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+    def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
-             on_start: Callable[[dict[str, Any]], None] | None = None,
-             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+             on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
         from docker.errors import NotFound
 
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
@@ -184,9 +184,9 @@ class DockerRuntime:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
-            full_env = {"LANG": "C.UTF-8", **handle.get("env", {}), **env}
-            full_env.setdefault("HOME", handle["home"])
-            exec_id = api.exec_create(container.id, argv, environment=full_env, workdir=handle["workdir"],
+            full_env = {"LANG": "C.UTF-8", **handle.env, **env}
+            full_env.setdefault("HOME", handle.home)
+            exec_id = api.exec_create(container.id, argv, environment=full_env, workdir=handle.workdir,
                                       stdout=True, stderr=True, stdin=False, tty=False)["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=False)
             with contextlib.closing(RotatingLog(log_path)) as logf:  # size-capped (logcap.py)
@@ -239,22 +239,22 @@ class DockerRuntime:
                           duration_s=time.monotonic() - t0, output_tail=tail(log_path),
                           log_path=str(log_path))
 
-    def bridges_gateway(self, handle: dict[str, Any]) -> bool:
+    def bridges_gateway(self, handle: RuntimeHandle) -> bool:
         """True when the container has no network: the harness gets the forwarded URLs."""
-        return handle.get("network") == "none"
+        return handle.network == "none"
 
-    def _bridge(self, handle: dict[str, Any], container):
-        if handle.get("network") != "none":
+    def _bridge(self, handle: RuntimeHandle, container):
+        if handle.network != "none":
             return None
         from .netbridge import NetnsBridge, sandbox_forwards
         from .session_guard import SessionGuard, key_from_urls
 
-        local = sandbox_forwards(handle.get("gateway_urls") or [])  # remote gateways too
+        local = sandbox_forwards(handle.gateway_urls)  # remote gateways too
         if not local:
             return None
         container.reload()
         pid = container.attrs["State"]["Pid"]
-        key = key_from_urls(handle.get("gateway_urls") or [])
+        key = key_from_urls(handle.gateway_urls)
         try:
             return NetnsBridge(pid, local, SessionGuard(key) if key else None)
         except OSError as exc:
@@ -264,10 +264,10 @@ class DockerRuntime:
                 f"networking") from exc
 
     # ---- files ----------------------------------------------------------------------------------
-    def _abs(self, handle: dict[str, Any], path: str) -> str:
-        return path if path.startswith("/") else os.path.join(handle["workdir"], path)
+    def _abs(self, handle: RuntimeHandle, path: str) -> str:
+        return path if path.startswith("/") else os.path.join(handle.workdir, path)
 
-    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None:
+    def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None:
         target = self._abs(handle, dst)
         parent, base = os.path.split(target.rstrip("/"))
         self._run(handle, ["mkdir", "-p", parent])
@@ -277,7 +277,7 @@ class DockerRuntime:
         if not self._container(handle).put_archive(parent, buf.getvalue()):
             raise RuntimeError(f"upload of {src} to {target} failed")
 
-    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None:
+    def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None:
         source = self._abs(handle, src)
         bits, _ = self._container(handle).get_archive(source)
         with tempfile.TemporaryDirectory() as tmp:
@@ -298,7 +298,7 @@ class DockerRuntime:
                 os.replace(got, dst)
 
     # ---- teardown -------------------------------------------------------------------------------
-    def reap(self, handle: dict[str, Any]) -> None:
+    def reap(self, handle: RuntimeHandle | None) -> None:
         from docker.errors import NotFound
 
         if not handle:
@@ -312,7 +312,7 @@ class DockerRuntime:
         else:
             self.kill_all(handle, grace=0.5)
 
-    def stop(self, handle: dict[str, Any]) -> None:
+    def stop(self, handle: RuntimeHandle | None) -> None:
         from docker.errors import APIError, NotFound
 
         if not handle:

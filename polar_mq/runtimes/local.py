@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..logcap import RotatingLog, pump
+from ..model import RuntimeHandle
 from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, tail
+from .base import ExecResult, OnStart, tail
 from .orphans import owner_env
 
 _PR_SET_PDEATHSIG = 1
@@ -90,17 +91,17 @@ class ExitWatch:
             self.fd = None
 
 
-def base_env(handle: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+def base_env(handle: RuntimeHandle, env: dict[str, str]) -> dict[str, str]:
     """The command's environment: PATH and LANG, the spec's env, the launch env, HOME, the
     owner marker."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-            **handle.get("env", {}), **env, "HOME": env.get("HOME", handle["home"]),
+            **handle.env, **env, "HOME": env.get("HOME", handle.home),
             **owner_env(handle)}  # found again if this worker dies (runtimes/orphans.py)
 
 
 def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float | None, log_path: Path,
               should_stop: Callable[[], bool] | None = None,
-              on_start: Callable[[dict[str, Any]], None] | None = None,
+              on_start: OnStart | None = None,
               heartbeat: Callable[[], None] | None = None) -> ExecResult:
     """Run argv in its own process group (dying with this process), output appended to log_path;
     kill the group on timeout or stop, and whatever a finished command left behind."""
@@ -148,52 +149,50 @@ def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float 
 class LocalRuntime:
     backend = "local"
 
-    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> dict[str, Any]:
+    def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
         workdir = session_dir / "work"
         home = session_dir / "home"
         workdir.mkdir(parents=True, exist_ok=True)
         home.mkdir(parents=True, exist_ok=True)
-        return {"backend": self.backend, "session_dir": str(session_dir), "workdir": str(workdir),
-                "home": str(home), "env": dict(spec.env)}
+        return RuntimeHandle(backend=self.backend, session_dir=str(session_dir), workdir=str(workdir),
+                             home=str(home), env=dict(spec.env))
 
-    def exec(self, handle: dict[str, Any], command: str | list[str], *, env: dict[str, str],
+    def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
-             on_start: Callable[[dict[str, Any]], None] | None = None,
-             heartbeat: Callable[[], None] | None = None) -> ExecResult:
+             on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
         argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
-        return supervise(argv, cwd=handle["workdir"], env=base_env(handle, env), timeout=timeout,
+        return supervise(argv, cwd=handle.workdir, env=base_env(handle, env), timeout=timeout,
                          log_path=log_path, should_stop=should_stop, on_start=on_start,
                          heartbeat=heartbeat)
 
-    def upload(self, handle: dict[str, Any], src: Path, dst: str) -> None:
-        target = Path(handle["workdir"]) / dst
+    def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None:
+        target = Path(handle.workdir) / dst
         target.parent.mkdir(parents=True, exist_ok=True)
         if Path(src).is_dir():
             shutil.copytree(src, target, dirs_exist_ok=True)
         else:
             shutil.copy2(src, target)
 
-    def download(self, handle: dict[str, Any], src: str, dst: Path) -> None:
-        source = Path(handle["workdir"]) / src
+    def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None:
+        source = Path(handle.workdir) / src
         if source.is_dir():
             shutil.copytree(source, dst, dirs_exist_ok=True)
         else:
             shutil.copy2(source, dst)
 
-    def reap(self, handle: dict[str, Any]) -> None:
-        pgid = handle.get("pgid")
-        if pgid:
-            kill_group(int(pgid), grace=0.5)
+    def reap(self, handle: RuntimeHandle) -> None:
+        if handle.pgid:
+            kill_group(int(handle.pgid), grace=0.5)
 
-    def stop(self, handle: dict[str, Any]) -> None:
+    def stop(self, handle: RuntimeHandle) -> None:
         self.reap(handle)
 
 
-def refused_prepare(handle: dict[str, Any], step: dict[str, Any], allow_local_exec: bool) -> str | None:
+def refused_prepare(handle: RuntimeHandle, step: dict[str, Any], allow_local_exec: bool) -> str | None:
     """Why a prepare step may not run, or None. The local runtime has no isolation: a submitted
     task's `exec` steps would run as the worker, so they run only on workers started with
     POLAR_ALLOW_LOCAL_EXEC=1 (settings.allow_local_exec). Harness commands are not affected."""
-    if "exec" in step and handle.get("backend") == "local" and not allow_local_exec:
+    if "exec" in step and handle.backend == "local" and not allow_local_exec:
         return ("refused: the local runtime has no isolation and this worker does not run prepare.exec "
                 "of submitted tasks (use runtime.backend bwrap or docker, or start the worker with "
                 "POLAR_ALLOW_LOCAL_EXEC=1 if every task is trusted)")

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..model import RuntimeHandle
+
 log = logging.getLogger("polar_mq.orphans")
 
 OWNER_VAR = "POLAR_RUNTIME_OWNER"
@@ -61,11 +63,11 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
-def owner_env(handle: dict[str, Any]) -> dict[str, str]:
+def owner_env(handle: RuntimeHandle) -> dict[str, str]:
     """The marker for a command this process starts for `handle`'s session ({} outside a worker)."""
     if not _scope:
         return {}
-    session = handle.get("session_id") or Path(handle.get("session_dir") or "").name
+    session = handle.session_id or Path(handle.session_dir).name
     pid = os.getpid()
     return {OWNER_VAR: "|".join([_scope["node"], _scope["deployment"], session, str(pid),
                                  _start_time(pid) or ""])}

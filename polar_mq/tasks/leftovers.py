@@ -3,7 +3,7 @@
 When a host is unreachable for 2 lease TTLs its sessions are re-initialised elsewhere
 (recovery.reinitialise). Its harnesses stopped themselves (the lease self-fence), but what the
 runtime holds — a container, a sandbox's work dir and HOME — is still on that host, and only that
-host may touch it (runtimes/hostid.py). So the re-init files the old handle in a per-node list,
+host may touch it (model.RuntimeHandle.host). So the re-init files the old handle in a per-node list,
 and every pool on the node, at each liveness beat (i.e. as soon as it reaches Redis again), takes
 its node's entries and tears them down: `runtime.stop(handle)` (containers) and the work dirs (logs stay, as
 after a postrun). A session that came back to this node meanwhile is left alone (its new attempt
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from ..cleanup import remove_workdirs
+from ..model import RuntimeHandle
 from .pipeline_store import PipelineStore
 from ..runtimes import get_runtime
-from ..runtimes.hostid import is_here, runtime_host
 from ..store import pack, unpack
 
 log = logging.getLogger("polar_mq.leftovers")
@@ -33,11 +32,11 @@ def leftovers_key(store: PipelineStore, node: str) -> str:
     return f"{store.keys.prefix}:leftovers:{node}"
 
 
-def file_leftover(store: PipelineStore, session_id: str, handle: dict[str, Any]) -> None:
+def file_leftover(store: PipelineStore, session_id: str, handle: RuntimeHandle | None) -> None:
     """Note a runtime its host must tear down when it is back (no-op for an unstamped handle)."""
-    host = runtime_host(handle)
-    if host and handle.get("backend"):
-        store.r.rpush(leftovers_key(store, host), pack({"session_id": session_id, "handle": handle}))
+    if handle is not None and handle.host and handle.backend:
+        store.r.rpush(leftovers_key(store, handle.host),
+                      pack({"session_id": session_id, "handle": handle.to_dict()}))
 
 
 def tear_down_leftovers(store: PipelineStore, node: str, limit: int = 64) -> list[str]:
@@ -48,17 +47,17 @@ def tear_down_leftovers(store: PipelineStore, node: str, limit: int = 64) -> lis
         if blob is None:
             break
         entry = unpack(blob)
-        sid, handle = entry["session_id"], entry["handle"]
-        if not is_here(handle, node):
+        sid, handle = entry["session_id"], RuntimeHandle.from_dict(entry["handle"])
+        if not handle.is_here(node):
             continue
         current = store.get_session(sid)
-        if current is not None and runtime_host(current.runtime) == node:
+        if current is not None and current.runtime_host == node:
             continue  # the session came back here: its new attempt uses the same directory
         try:
-            if handle["backend"] not in BY_PROCESS_GROUP:
-                get_runtime(handle["backend"]).stop(handle)
-            if handle.get("session_dir"):
-                remove_workdirs(Path(handle["session_dir"]))
+            if handle.backend not in BY_PROCESS_GROUP:
+                get_runtime(handle.backend).stop(handle)
+            if handle.session_dir:
+                remove_workdirs(Path(handle.session_dir))
         except Exception:
             log.exception("tearing down the leftover runtime of %s failed", sid)
             continue

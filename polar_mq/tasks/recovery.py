@@ -24,7 +24,6 @@ import msgpack
 
 from .. import states
 from ..model import SessionRecord
-from ..runtimes.hostid import runtime_host
 from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .leftovers import file_leftover
@@ -109,7 +108,7 @@ def runtime_lost(ctx: StageContext, rec: SessionRecord, live_queues: set[str] | 
     nothing there will ever run it)."""
     from .routing import node_queue
 
-    host = runtime_host(rec.runtime)
+    host = rec.runtime_host
     if rec.state not in RUNTIME_BOUND or host is None:
         return False
     live = ctx.store.live_queues() if live_queues is None else live_queues
@@ -123,15 +122,15 @@ def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:
         abandoned = abandoned + [rec.gateway_session_id]
     new = ctx.store.transition(
         rec.session_id, states.INITIALIZING, expect={rec.state}, attempt=rec.attempt + 1,
-        runtime={}, workdir=None, gateway_session_id=None, gateway_key=None, base_urls={},
+        runtime=None, workdir=None, gateway_session_id=None, gateway_key=None, base_urls={},
         stats={**rec.stats, "abandoned_gateway_sessions": abandoned,
-               "lost_runtimes": rec.stats.get("lost_runtimes", []) + [runtime_host(rec.runtime)]})
+               "lost_runtimes": rec.stats.get("lost_runtimes", []) + [rec.runtime_host]})
     if new is None:
         return False
     file_leftover(ctx.store, rec.session_id, rec.runtime)  # its host tears it down when back (leftovers.py)
     ctx.store.take_ready(rec.session_id)  # out of the READY list, its slot freed
     log.warning("session %s: runtime host %s is gone; re-initialising (attempt %d)",
-                rec.session_id, runtime_host(rec.runtime), new.attempt)
+                rec.session_id, rec.runtime_host, new.attempt)
     ctx.store.incr("sessions_reinitialised")
     ctx.enqueue(INIT_TASK, rec.session_id)
     return True

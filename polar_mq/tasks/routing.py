@@ -1,7 +1,7 @@
 """Host-aware routing: a session's run and postrun go to the node that holds its runtime.
 
 Init is shared (any init worker on any host may prepare a session). The runtime it starts is
-stamped with its node (runtimes/hostid.py); from then on the session's RUN and POSTRUN messages go
+stamped with its node (model.RuntimeHandle.host); from then on the session's RUN and POSTRUN messages go
 to the per-node queues `run@NODE` / `postrun@NODE`, which only that node's pools consume (next to
 the shared `run` / `postrun`, which they consume too). A postrun whose runtime's node is gone
 goes to the shared queue (it can build and grade from the gateway's calls; teardown is skipped).
@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Callable
 
 from .pipeline_store import PipelineStore
-from ..runtimes.hostid import runtime_host
 from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK
 
 STAGE_QUEUE = {INIT_TASK: "init", RUN_TASK: "run", POSTRUN_TASK: "postrun", CALLBACK_TASK: "postrun"}
@@ -35,7 +34,7 @@ def queue_for(store: PipelineStore, name: str, arg: str) -> str:
     if name not in (RUN_TASK, POSTRUN_TASK):
         return stage
     rec = store.known_session(arg)  # the record the sending stage just wrote
-    host = runtime_host(rec.runtime if rec else None)
+    host = rec.runtime_host if rec else None
     if host is None:
         return stage
     if name == POSTRUN_TASK and not store.node_alive(host):

@@ -16,12 +16,12 @@ from typing import Any
 
 from .. import merge, sampling, states
 from ..cleanup import remove_workdirs
+from ..graders.base import GradeContext
 from ..graders.run import run_grading, sft_options
 from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
-from ..model import SessionRecord, Trajectory
+from ..model import RuntimeHandle, SessionRecord, Trajectory
 from ..runtimes import get_runtime, resolve_backend
-from ..runtimes.hostid import is_here, runtime_host, stamp
 from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
@@ -121,11 +121,11 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     if rec is None:
         return "skipped"
     runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
-    if takeover and rec.runtime and is_here(rec.runtime, ctx.node):
+    if takeover and rec.runtime and rec.runtime.is_here(ctx.node):
         runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
     sdir = session_dir(ctx, rec)
-    handle = stamp(runtime.start(task.runtime, sdir, session_id), ctx.settings.node)
-    store.transition(session_id, None, runtime=handle, workdir=handle.get("workdir"))
+    handle = runtime.start(task.runtime, sdir, session_id).stamped(ctx.settings.node)
+    store.transition(session_id, None, runtime=handle, workdir=handle.workdir)
     for i, step in enumerate(task.runtime.prepare):
         if time.time() > rec.deadline:
             return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent during prepare")
@@ -158,7 +158,7 @@ def _wait_ready_slot(ctx: StageContext, rec: SessionRecord, lease: Lease) -> boo
     return True
 
 
-def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, budget: float,
+def _prepare_step(runtime, handle: RuntimeHandle, step: dict[str, Any], log_path: Path, budget: float,
                   lease: Lease) -> str | None:
     if "write" in step:  # through the runtime: the work dir may be inside a container
         spec = step["write"]
@@ -188,7 +188,7 @@ def _prepare_step(runtime, handle: dict, step: dict[str, Any], log_path: Path, b
 def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Launch the harness in the runtime under the session's remaining budget."""
     store, session_id = ctx.store, rec.session_id
-    if not is_here(rec.runtime, ctx.settings.node):
+    if not rec.runtime_is_here(ctx.settings.node):
         return _reroute(ctx, rec, RUN_TASK)
     takeover = rec.state == states.RUNNING
     runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
@@ -220,8 +220,8 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         base_urls = sandbox_urls(base_urls)  # a gateway on another host, via the sandbox's forwarder
     launch = harness.launch(HarnessContext(
         session_id=session_id, instruction=task.instruction, model=task.agent.model,
-        key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime["home"]),
-        workdir=Path(rec.runtime["workdir"]), options=task.agent.options,
+        key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime.home),
+        workdir=Path(rec.runtime.workdir), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
     cancel = CancelWatch(lambda: store.is_cancelled(rec.task_id))
 
@@ -229,10 +229,10 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         return lease.lost.is_set() or cancel.cancelled.is_set()
 
     def on_start(info: dict[str, Any]) -> None:
-        store.transition(session_id, None, runtime={**rec.runtime, **info})
+        store.transition(session_id, None, runtime=rec.runtime.updated(**info))
 
     # The runtime bridges the gateway into a sandbox without a network (see runtimes/).
-    exec_handle = {**rec.runtime, "gateway_urls": sorted(set((rec.base_urls or {}).values()))}
+    exec_handle = rec.runtime.updated(gateway_urls=sorted(set((rec.base_urls or {}).values())))
     with cancel:
         result = runtime.exec(exec_handle, launch.command, env=launch.env, timeout=remaining,
                               log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
@@ -256,7 +256,7 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
 def _reroute(ctx: StageContext, rec: SessionRecord, task_name: str) -> str:
     """A message for a runtime on another node (an old shared-queue message, or one from before a
     re-init): send it to that node's queue; if the node is gone the janitor re-initialises."""
-    host = runtime_host(rec.runtime)
+    host = rec.runtime_host
     if host and ctx.store.node_alive(host):
         ctx.enqueue(task_name, rec.session_id)
         return "rerouted"
@@ -277,8 +277,8 @@ def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | No
 def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Build the trajectory from the captured calls, grade it, tear down, store, call back."""
     store, session_id = ctx.store, rec.session_id
-    here = is_here(rec.runtime, ctx.settings.node)
-    if not here and ctx.store.node_alive(runtime_host(rec.runtime) or ""):
+    here = rec.runtime_is_here(ctx.settings.node)
+    if not here and ctx.store.node_alive(rec.runtime_host or ""):
         return _reroute(ctx, rec, POSTRUN_TASK)
     rec = store.transition(session_id, states.BUILDING, node=ctx.node,
                            expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
@@ -307,8 +307,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     # The grader runs before teardown (it may use the session's runtime) under its own budget
     # (grader.config.timeout_seconds); it never raises: errors come back as Grade.status "error".
     grade = run_grading(task.grader.strategy, task.grader.config, traj,
-                        {"session": rec.to_dict(), "task": task.to_dict(),
-                         "session_dir": str(session_dir(ctx, rec))})
+                        GradeContext.for_session(rec, task, session_dir(ctx, rec)))
     traj.reward = grade.reward
     traj.metadata["grade"] = grade.to_dict()
     if grade.status == "error":  # infrastructure, not the agent: trainers mask it
