@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from .tasks.pipeline_store import PipelineStore
-from .tasks.celery_app import QUEUES
+from .tasks.routing import QUEUES
 
 
 def collect(store: PipelineStore, default_capacity: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from . import tokens
 from .embedded_redis import ensure_redis, free_port
 from .logcap import RotatingLog, pump
 from .settings import TokenSettings
+from .tasks.routing import QUEUES
 
 
 @dataclass
@@ -181,7 +182,7 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
         gw = sup.spawn("gateway", gw_args)
         api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", host, "--port", str(api_port),
                                 "--redis", redis_url, *(["--dev"] if dev else [])])
-        for stage, n in zip(("init", "run", "postrun"), concurrency):
+        for stage, n in zip(QUEUES, concurrency):
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
                                           "--concurrency", str(n)])
         flower_url = fl = None

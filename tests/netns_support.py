@@ -30,7 +30,8 @@ from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.settings import PipelineSettings
 from polar_mq.store import connect
 from polar_mq.tasks.taskspec import parse_task
-from polar_mq.tasks.celery_app import INIT_TASK, make_celery
+from polar_mq.tasks.celery_app import make_celery
+from polar_mq.tasks.routing import INIT_TASK
 from polar_mq.up import wait_http
 
 ROOT = Path(__file__).resolve().parent.parent

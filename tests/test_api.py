@@ -18,7 +18,7 @@ from polar_mq.embedded_redis import free_port
 from polar_mq.model import Trace, Trajectory
 from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.store import Keys, connect
-from polar_mq.tasks.celery_app import INIT_TASK
+from polar_mq.tasks.routing import INIT_TASK
 
 from conftest import AUTH, spawn, stop
 

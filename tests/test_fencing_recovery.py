@@ -18,7 +18,8 @@ from polar_mq.tasks.pipeline_store import PipelineStore
 from polar_mq.settings import PipelineSettings
 from polar_mq.store import connect
 from polar_mq.tasks.taskspec import parse_task
-from polar_mq.tasks.celery_app import RUN_TASK, make_celery
+from polar_mq.tasks.celery_app import make_celery
+from polar_mq.tasks.routing import RUN_TASK
 from polar_mq.tasks.context import GatewayClient, StageContext
 from polar_mq.tasks.recovery import UNACKED, restore_held_messages
 

@@ -21,8 +21,8 @@ from polar_mq.store import pack, unpack
 from polar_mq.tasks.context import GatewayClient
 
 # Loaded by the stages only: the API must not pay for (or break on) harnesses, runtimes, graders.
-STAGE_ONLY = ("polar_mq.tasks.stages", "polar_mq.harnesses", "polar_mq.graders", "polar_mq.runtimes.docker",
-              "polar_mq.runtimes.local", "polar_mq.runtimes.bwrap", "polar_mq.runtimes.apptainer")
+STAGE_ONLY = ("polar_mq.tasks.stages", "polar_mq.tasks.worker", "polar_mq.harnesses", "polar_mq.graders",
+              "polar_mq.runtimes")
 
 
 def test_one_list_of_session_states() -> None:
@@ -36,9 +36,11 @@ def test_rollout_api_does_not_import_stage_code() -> None:
     probe = ("import importlib, pkgutil, sys, polar_mq.api as api\n"
              "for m in pkgutil.iter_modules(api.__path__): importlib.import_module('polar_mq.api.' + m.name)\n"
              "from polar_mq.api.app import create_app\n"
+             "from polar_mq.api.context import ApiContext\n"
+             "import polar_mq.tasks.routing, polar_mq.tasks.celery_app, polar_mq.tasks.context\n"
              "print('\\n'.join(sorted(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert "polar_mq.api.routes" in loaded and "polar_mq.tasks.endings" in loaded
+    assert {"polar_mq.api.routes", "polar_mq.tasks.endings", "polar_mq.tasks.routing"} <= set(loaded)
     assert [m for m in loaded if m.startswith(STAGE_ONLY)] == []
 
 
@@ -79,3 +81,11 @@ def test_session_record_keeps_its_runtime_typed_through_redis_form() -> None:
     assert rec.runtime_is_here("node-a") and not rec.runtime_is_here("node-b")
     assert SessionRecord.from_dict(old).runtime_is_here("node-b")  # nothing started: nothing to defer to
     assert unpack(pack(rec.to_dict()))["runtime"] == OLD_BWRAP_HANDLE
+
+
+def test_task_names_and_queues_come_from_routing() -> None:
+    from polar_mq.tasks import routing, worker
+
+    assert set(routing.STAGE_QUEUE) <= set(worker.app.tasks)  # every routed name is a defined task
+    assert worker.app.conf.task_routes == routing.task_routes()
+    assert {q.name for q in worker.app.conf.task_queues} == set(routing.QUEUES) == set(routing.STAGE_QUEUE.values())

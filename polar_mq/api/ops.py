@@ -9,7 +9,7 @@ import redis
 from flask import Blueprint, Response, jsonify
 
 from .. import histograms, retention, states
-from ..tasks.celery_app import QUEUES
+from ..tasks.routing import QUEUES
 from ..pause_state import PauseState
 from .context import ctx
 from .openapi import document

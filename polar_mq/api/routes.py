@@ -11,7 +11,7 @@ from flask import Blueprint, Response, jsonify, request
 from .. import jsonsafe, retention, states
 from ..tasks.pipeline_store import Conflict
 from ..tasks.taskspec import ValidationError, parse_task
-from ..tasks.celery_app import INIT_TASK
+from ..tasks.routing import INIT_TASK, STAGE_QUEUE
 from ..tasks.endings import finish_early
 from . import views
 from .context import ctx
@@ -81,7 +81,7 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
 def _enqueue_init(session_ids: list[str]) -> None:
     c = ctx()
     for sid in session_ids:
-        c.celery.send_task(INIT_TASK, args=[sid], queue="init", retry=True, retry_policy=SEND_RETRY)
+        c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], retry=True, retry_policy=SEND_RETRY)
 
 
 @bp.post("/v1/tasks")

@@ -1,6 +1,6 @@
 """The Celery application: one queue per stage, msgpack, late acks, prefetch 1.
 
-Task names are constants so the API can enqueue without importing the stage code.
+Task names and queues are routing.py's (one place for the API and the workers alike).
 """
 
 from __future__ import annotations
@@ -9,12 +9,7 @@ from celery import Celery
 from kombu import Queue
 
 from ..settings import PipelineSettings
-
-INIT_TASK = "polar_mq.init"
-RUN_TASK = "polar_mq.run"
-POSTRUN_TASK = "polar_mq.postrun"
-CALLBACK_TASK = "polar_mq.callback"
-QUEUES = ("init", "run", "postrun")
+from .routing import QUEUES, STAGE_QUEUE, INIT_TASK, task_routes
 
 
 def make_celery(settings: PipelineSettings | None = None) -> Celery:
@@ -26,9 +21,8 @@ def make_celery(settings: PipelineSettings | None = None) -> Celery:
         app.conf.broker_transport = TRANSPORT  # survives a Redis restart (see broker.py)
     app.conf.update(
         task_queues=[Queue(q) for q in QUEUES],
-        task_default_queue="init",
-        task_routes={INIT_TASK: {"queue": "init"}, RUN_TASK: {"queue": "run"},
-                     POSTRUN_TASK: {"queue": "postrun"}, CALLBACK_TASK: {"queue": "postrun"}},
+        task_default_queue=STAGE_QUEUE[INIT_TASK],
+        task_routes=task_routes(),
         task_serializer="msgpack",
         accept_content=["msgpack", "json"],
         result_serializer="msgpack",

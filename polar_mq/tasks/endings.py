@@ -13,7 +13,7 @@ from .. import states
 from ..model import SessionRecord, Trajectory
 from .taskspec import TaskRequest
 from .callbacks import message as callback_message
-from .celery_app import CALLBACK_TASK
+from .routing import CALLBACK_TASK
 from .context import StageContext
 
 

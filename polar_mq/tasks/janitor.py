@@ -15,7 +15,7 @@ import time
 
 from .. import states
 from ..model import SessionRecord
-from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
+from .routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .leftovers import tear_down_leftovers
 from .recovery import reinitialise, resend_missing_messages, restore_held_messages, runtime_lost

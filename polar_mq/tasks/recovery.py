@@ -24,7 +24,7 @@ import msgpack
 
 from .. import states
 from ..model import SessionRecord
-from .celery_app import INIT_TASK, POSTRUN_TASK, RUN_TASK
+from .routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .leftovers import file_leftover
 

@@ -1,22 +1,40 @@
-"""Host-aware routing: a session's run and postrun go to the node that holds its runtime.
+"""Where every stage message goes: the Celery task names, their queues, the per-node queues.
 
-Init is shared (any init worker on any host may prepare a session). The runtime it starts is
-stamped with its node (model.RuntimeHandle.host); from then on the session's RUN and POSTRUN messages go
-to the per-node queues `run@NODE` / `postrun@NODE`, which only that node's pools consume (next to
-the shared `run` / `postrun`, which they consume too). A postrun whose runtime's node is gone
-goes to the shared queue (it can build and grade from the gateway's calls; teardown is skipped).
-A run whose node is gone is never sent anywhere: the janitor re-initialises the session.
+One place for both, so the rollout API (which only sends), the stage workers (which define and
+consume the tasks) and the Celery app's configuration cannot disagree. Nothing here imports stage
+or runtime code: the API loads this module to send init messages.
+
+Host-aware routing: init is shared (any init worker on any host may prepare a session). The
+runtime it starts is stamped with its node (model.RuntimeHandle.host); from then on the session's
+RUN and POSTRUN messages go to the per-node queues `run@NODE` / `postrun@NODE`, which only that
+node's pools consume (next to the shared `run` / `postrun`, which they consume too). A postrun
+whose runtime's node is gone goes to the shared queue (it can build and grade from the gateway's
+calls; teardown is skipped). A run whose node is gone is never sent anywhere: the janitor
+re-initialises the session.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from .pipeline_store import PipelineStore
-from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK
 
+# Task names: constants, so senders never import the task functions (tasks/worker.py).
+INIT_TASK = "polar_mq.init"
+RUN_TASK = "polar_mq.run"
+POSTRUN_TASK = "polar_mq.postrun"
+CALLBACK_TASK = "polar_mq.callback"
+
+# The stage pools and their shared queues (`polar-mq worker --stage`).
+QUEUES = ("init", "run", "postrun")
+# The shared queue of each task; callbacks ride with postrun.
 STAGE_QUEUE = {INIT_TASK: "init", RUN_TASK: "run", POSTRUN_TASK: "postrun", CALLBACK_TASK: "postrun"}
 NODE_BOUND = {"run", "postrun"}
+
+
+def task_routes() -> dict[str, dict[str, Any]]:
+    """Celery's `task_routes`: each task's shared queue (a sender may still name a node queue)."""
+    return {name: {"queue": queue} for name, queue in STAGE_QUEUE.items()}
 
 
 def node_queue(stage: str, node: str) -> str:

@@ -27,7 +27,7 @@ from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
 from .cancel_watch import CancelWatch
-from .celery_app import POSTRUN_TASK, RUN_TASK
+from .routing import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .endings import finish_early, send_callbacks
 from .fencing import FencedStore

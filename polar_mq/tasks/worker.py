@@ -13,10 +13,10 @@ from ..runtimes import orphans
 from ..settings import PipelineSettings
 from ..store import connect
 from . import callbacks, stages
-from .celery_app import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_celery
+from .celery_app import make_celery
 from .context import GatewayClient, StageContext
 from .janitor import start_janitor, start_node_beat, start_orphan_reaper
-from .routing import make_enqueue
+from .routing import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_enqueue
 
 log = logging.getLogger("polar_mq.worker")
 
