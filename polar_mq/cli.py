@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
+from typing import Callable, Mapping
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -86,9 +86,27 @@ def _model_server(args: argparse.Namespace) -> int:
     return model_server_main(args.rest)
 
 
+# The pool size of each stage when none is given: `polar-mq up`, `polar-mq worker` and the
+# workers/<stage>.py entry points all start from these (run: the run slots).
+STAGE_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}
+STAGES = tuple(STAGE_CONCURRENCY)  # = tasks.routing.QUEUES (tests/test_shape.py), without importing it here
+
+
+def worker_defaults(stage: str, env: Mapping[str, str]) -> dict[str, str | int | None]:
+    """What `polar-mq worker --stage STAGE` uses for the options it is not given: the pool size
+    from ``POLAR_<STAGE>_CONCURRENCY`` (else STAGE_CONCURRENCY), the log level from
+    ``POLAR_LOG_LEVEL`` (INFO), the Celery pool from ``POLAR_CELERY_POOL`` (Celery's prefork)."""
+    return {"concurrency": int(env.get(f"POLAR_{stage.upper()}_CONCURRENCY") or STAGE_CONCURRENCY[stage]),
+            "loglevel": env.get("POLAR_LOG_LEVEL") or "INFO", "pool": env.get("POLAR_CELERY_POOL") or None}
+
+
 def _worker(args: argparse.Namespace) -> int:
     import os
 
+    defaults = worker_defaults(args.stage, os.environ)
+    concurrency = args.concurrency or defaults["concurrency"]
+    loglevel = args.loglevel or defaults["loglevel"]
+    pool = args.pool or defaults["pool"]
     if args.redis:
         os.environ["POLAR_REDIS_URL"] = args.redis
     if args.gateway:
@@ -99,11 +117,11 @@ def _worker(args: argparse.Namespace) -> int:
     from .tasks.worker import app, settings
 
     queues = ",".join(worker_queues(args.stage, settings.node))  # shared + this node's (routing.py)
-    argv = ["worker", "-Q", queues, "-c", str(args.concurrency), *(["-E"] if settings.task_events else []),
-            "-l", args.loglevel, "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip",
+    argv = ["worker", "-Q", queues, "-c", str(concurrency), *(["-E"] if settings.task_events else []),
+            "-l", str(loglevel), "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip",
             "--without-mingle"]
-    if args.pool:
-        argv += ["-P", args.pool]
+    if pool:
+        argv += ["-P", str(pool)]
     app.worker_main(argv)
     return 0
 
@@ -174,13 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     ms.set_defaults(func=_model_server)
 
     wk = sub.add_parser("worker", help="run a Celery worker pool for one stage")
-    wk.add_argument("--stage", required=True, choices=["init", "run", "postrun"])
-    wk.add_argument("--concurrency", type=int, default=2, help="processes (run: = run slots)")
-    wk.add_argument("--pool", help="celery pool (prefork default; threads, solo)")
+    wk.add_argument("--stage", required=True, choices=STAGES)
+    wk.add_argument("--concurrency", type=int,
+                    help="processes (run: = run slots; default $POLAR_<STAGE>_CONCURRENCY, else "
+                         + ", ".join(f"{s} {n}" for s, n in STAGE_CONCURRENCY.items()) + ")")
+    wk.add_argument("--pool", help="celery pool (default $POLAR_CELERY_POOL, else prefork; threads, solo)")
     wk.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
     wk.add_argument("--gateway", help="gateway URL (default $POLAR_GATEWAY_URL)")
     wk.add_argument("--node", help="this host's name in the cluster (default $POLAR_NODE, else the hostname)")
-    wk.add_argument("--loglevel", default="INFO")
+    wk.add_argument("--loglevel", help="default $POLAR_LOG_LEVEL, else INFO")
     wk.set_defaults(func=_worker)
 
     up = sub.add_parser("up", help="run every role on this machine (API, gateway, pools, Flower)")
@@ -190,9 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--api-port", type=int, default=8700)
     up.add_argument("--gateway-port", type=int, default=8600)
     up.add_argument("--flower-port", type=int, default=5555)
-    up.add_argument("--init-concurrency", type=int, default=2)
-    up.add_argument("--run-concurrency", type=int, default=4)
-    up.add_argument("--postrun-concurrency", type=int, default=2)
+    for stage, n in STAGE_CONCURRENCY.items():
+        up.add_argument(f"--{stage}-concurrency", type=int, default=n)
     up.add_argument("--no-flower", action="store_true")
     up.add_argument("--dev", action="store_true", help="no tokens: every service open (local development only)")
     up.set_defaults(func=_up)

@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from . import tokens
+from .cli import STAGE_CONCURRENCY
 from .embedded_redis import ensure_redis, free_port
 from .logcap import RotatingLog, pump
 from .settings import TokenSettings
@@ -139,7 +140,7 @@ class Stack:
 
 def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int = 8600,
            flower_port: int = 5555, redis: str | None = None, upstreams: list[str] | None = None,
-           concurrency: tuple[int, int, int] = (2, 4, 2), flower: bool = True,
+           concurrency: tuple[int, ...] = tuple(STAGE_CONCURRENCY.values()), flower: bool = True,
            extra_env: dict[str, str] | None = None, dev: bool = False) -> Stack:
     """Start every role as child processes and wait until the API and gateway answer.
 

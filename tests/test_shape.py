@@ -89,3 +89,21 @@ def test_task_names_and_queues_come_from_routing() -> None:
     assert set(routing.STAGE_QUEUE) <= set(worker.app.tasks)  # every routed name is a defined task
     assert worker.app.conf.task_routes == routing.task_routes()
     assert {q.name for q in worker.app.conf.task_queues} == set(routing.QUEUES) == set(routing.STAGE_QUEUE.values())
+
+
+def test_worker_entry_points_use_the_cli_defaults() -> None:
+    from polar_mq import cli
+    from polar_mq.tasks.routing import QUEUES
+
+    assert cli.STAGES == QUEUES
+    assert cli.worker_defaults("run", {}) == {"concurrency": 4, "loglevel": "INFO", "pool": None}
+    env = {"POLAR_INIT_CONCURRENCY": "8", "POLAR_LOG_LEVEL": "DEBUG", "POLAR_CELERY_POOL": "threads"}
+    assert cli.worker_defaults("init", env) == {"concurrency": 8, "loglevel": "DEBUG", "pool": "threads"}
+    up = cli.build_parser().parse_args(["up"])
+    assert (up.init_concurrency, up.run_concurrency, up.postrun_concurrency) == tuple(cli.STAGE_CONCURRENCY.values())
+    # workers/<stage>.py is `polar-mq worker --stage <stage>` and nothing else
+    probe = ("import sys; sys.path.insert(0, 'workers'); import workers_common, polar_mq.cli as c\n"
+             "c.main = lambda argv: print(argv) or 0; workers_common.main = c.main\n"
+             "workers_common.run_stage('postrun')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['worker', '--stage', 'postrun']"

@@ -3,4 +3,4 @@
 from workers_common import run_stage
 
 if __name__ == "__main__":
-    raise SystemExit(run_stage("init", default_concurrency=2))
+    raise SystemExit(run_stage("init"))

@@ -1,16 +1,14 @@
-"""Shared start-up of the stage pools: settings from the environment, then `polar-mq worker`."""
+"""Shared start-up of the stage pools: `polar-mq worker --stage STAGE` with the CLI's own defaults.
+
+Settings come from the environment (polar_mq/settings.py); the pool size, log level and Celery
+pool are the CLI's defaults for a worker (`polar_mq.cli.worker_defaults`: POLAR_<STAGE>_CONCURRENCY,
+POLAR_LOG_LEVEL, POLAR_CELERY_POOL), so an entry point here and `polar-mq worker` start the same pool.
+"""
 
 from __future__ import annotations
-
-import os
 
 from polar_mq.cli import main
 
 
-def run_stage(stage: str, default_concurrency: int) -> int:
-    concurrency = os.environ.get(f"POLAR_{stage.upper()}_CONCURRENCY") or str(default_concurrency)
-    argv = ["worker", "--stage", stage, "--concurrency", concurrency,
-            "--loglevel", os.environ.get("POLAR_LOG_LEVEL", "INFO")]
-    if os.environ.get("POLAR_CELERY_POOL"):
-        argv += ["--pool", os.environ["POLAR_CELERY_POOL"]]
-    return main(argv)
+def run_stage(stage: str) -> int:
+    return main(["worker", "--stage", stage])
