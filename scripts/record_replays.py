@@ -46,7 +46,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar_mq.harnesses import configs, install  # noqa: E402
+from polar_mq import harnesses  # noqa: E402
+from polar_mq.harnesses import install  # noqa: E402
 from polar_mq.up import wait_http  # noqa: E402
 from polar_mq.tokens import auth_headers
 
@@ -66,7 +67,7 @@ SCENARIOS = {
 SCENARIO_HARNESSES = {"router": {"gemini_cli"}}
 
 
-def tweak_launch(scenario: str, launch: configs.Launch, home: Path) -> None:
+def tweak_launch(scenario: str, launch: harnesses.CliLaunch, home: Path) -> None:
     """Per-scenario changes to the standard config (in place)."""
     if scenario == "router" and launch.harness == "gemini_cli":
         i = launch.argv.index("-m")
@@ -288,7 +289,7 @@ def record_one(harness: str, api: str, gateway: str, proxy: RecordingProxy, out_
     target = work / "polar.txt"
     # Absolute path: Qwen Code's write tool rejects relative ones.
     instruction = SCENARIOS[scenario].format(path=target)
-    launch = configs.build(harness, home, base_urls, key, MODEL, instruction, api=api, bin=bin_path)
+    launch = harnesses.build(harness, home, base_urls, key, MODEL, instruction, api=api, bin=bin_path)
     tweak_launch(scenario, launch, home)
     proxy.take()
     t0 = time.time()
@@ -346,7 +347,7 @@ def record_one(harness: str, api: str, gateway: str, proxy: RecordingProxy, out_
 
 
 def all_targets() -> List[Tuple[str, str]]:
-    return [(h, a) for h, apis in configs.SUPPORTED_APIS.items() for a in apis]
+    return [(h, a) for h, apis in harnesses.supported_apis().items() for a in apis]
 
 
 def parse_targets(specs: List[str]) -> List[Tuple[str, str]]:
@@ -355,9 +356,9 @@ def parse_targets(specs: List[str]) -> List[Tuple[str, str]]:
     out = []
     for s in specs:
         h, _, a = s.partition(":")
-        if h not in configs.SUPPORTED_APIS:
+        if h not in harnesses.supported_apis():
             raise SystemExit(f"unknown harness {h!r}")
-        out += [(h, a)] if a else [(h, x) for x in configs.SUPPORTED_APIS[h]]
+        out += [(h, a)] if a else [(h, x) for x in harnesses.supported_apis()[h]]
     return out
 
 

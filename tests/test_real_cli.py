@@ -1,7 +1,7 @@
 """A real agent CLI (pi, the smallest) completes a tool round trip through the gateway.
 
 pi runs headless in a temporary HOME and work dir, configured by
-:func:`polar_mq.harnesses.configs.pi` for each of its four wire APIs.  The stand-in model reads
+:func:`polar_mq.harnesses.pi.configure` for each of its four wire APIs.  The stand-in model reads
 the ``polar:path=`` directive, calls pi's write tool, and answers with final text after the tool
 result.  We check the file pi's tool wrote, pi's exit status, the capture records, and the
 prefix property between the two calls' token ids.
@@ -16,7 +16,9 @@ import subprocess
 
 import pytest
 
-from polar_mq.harnesses import configs, install
+from polar_mq import harnesses
+from polar_mq.harnesses import codex, install, pi
+from polar_mq.harnesses.base import PROVIDER_NAME
 
 needs_node = pytest.mark.skipif(
     not install.npm_available(),
@@ -40,7 +42,7 @@ def pi_bin():
         pytest.skip(f"could not install pi from npm: {exc}")
 
 
-def run_launch(launch: configs.Launch, cwd, timeout: float = 45.0) -> subprocess.CompletedProcess:
+def run_launch(launch: harnesses.CliLaunch, cwd, timeout: float = 45.0) -> subprocess.CompletedProcess:
     env = {**os.environ, **launch.env}
     return subprocess.run(launch.argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
@@ -53,7 +55,7 @@ def test_pi_tool_round_trip(api, pi_bin, gateway, tmp_path):
     sess = gateway.new_session(metadata={"test": "pi", "api": api})
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    launch = configs.pi(home, sess["base_urls"], sess["key"], "stand-in", INSTRUCTION,
+    launch = pi.configure(home, sess["base_urls"], sess["key"], "stand-in", INSTRUCTION,
                         api=api, bin=str(pi_bin))
     proc = run_launch(launch, work)
     detail = f"argv={launch.argv}\nstdout={proc.stdout[-2000:]}\nstderr={proc.stderr[-2000:]}"
@@ -89,7 +91,7 @@ def test_pi_unknown_key_is_rejected(pi_bin, gateway, tmp_path):
     bad = {k: v.replace(sess["key"], "pmq-not-a-key") for k, v in sess["base_urls"].items()}
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    launch = configs.pi(home, bad, "pmq-not-a-key", "stand-in", INSTRUCTION, bin=str(pi_bin))
+    launch = pi.configure(home, bad, "pmq-not-a-key", "stand-in", INSTRUCTION, bin=str(pi_bin))
     proc = run_launch(launch, work)
     assert proc.returncode != 0
     assert not (work / "polar.txt").exists()
@@ -113,12 +115,12 @@ BASE_URLS = {"anthropic": "http://gw:1/s/KEY", "openai": "http://gw:1/s/KEY/v1",
              "gemini": "http://gw:1/s/KEY"}
 
 
-@pytest.mark.parametrize("harness,api", [(h, a) for h, apis in configs.SUPPORTED_APIS.items()
+@pytest.mark.parametrize("harness,api", [(h, a) for h, apis in harnesses.supported_apis().items()
                                          for a in apis])
 def test_config_builders_write_parseable_files(harness, api, tmp_path):
     import tomllib
 
-    launch = configs.build(harness, tmp_path, BASE_URLS, "KEY", "m1", "do it", api=api)
+    launch = harnesses.build(harness, tmp_path, BASE_URLS, "KEY", "m1", "do it", api=api)
     assert launch.harness == harness and launch.api == api
     assert launch.env["HOME"] == str(tmp_path)
     assert install.PACKAGES[harness].bin in launch.argv
@@ -135,9 +137,9 @@ def test_config_builders_write_parseable_files(harness, api, tmp_path):
 
 def test_config_builders_reject_unsupported_api(tmp_path):
     with pytest.raises(ValueError):
-        configs.codex(tmp_path, BASE_URLS, "KEY", "m1", "x", api="openai_chat")
+        codex.configure(tmp_path, BASE_URLS, "KEY", "m1", "x", api="openai_chat")
     with pytest.raises(ValueError):
-        configs.build("nope", tmp_path, BASE_URLS, "KEY", "m1", "x")
+        harnesses.build("nope", tmp_path, BASE_URLS, "KEY", "m1", "x")
 
 
 def test_pi_config_per_api(tmp_path):
@@ -146,9 +148,9 @@ def test_pi_config_per_api(tmp_path):
                 "anthropic": ("anthropic-messages", "http://gw:1/s/KEY"),
                 "gemini": ("google-generative-ai", "http://gw:1/s/KEY/v1beta")}
     for api, (pi_api, base) in expected.items():
-        launch = configs.pi(tmp_path / api, BASE_URLS, "KEY", "m1", "x", api=api)
+        launch = pi.configure(tmp_path / api, BASE_URLS, "KEY", "m1", "x", api=api)
         models = json.loads((tmp_path / api / ".pi/agent/models.json").read_text())
-        prov = models["providers"][configs.PROVIDER_NAME]
+        prov = models["providers"][PROVIDER_NAME]
         assert (prov["api"], prov["baseUrl"], prov["apiKey"]) == (pi_api, base, "KEY")
         assert launch.argv[-1] == "x" and "polar/m1" in launch.argv
         assert launch.env["PI_OFFLINE"] == "1"
@@ -183,7 +185,7 @@ def test_real_cli_session_merges_to_one_trace(pi_bin, scripted_gateway, tmp_path
     sess = scripted_gateway.new_session()
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    launch = configs.pi(home, sess["base_urls"], sess["key"], "stand-in", "Write three files",
+    launch = pi.configure(home, sess["base_urls"], sess["key"], "stand-in", "Write three files",
                         api="openai_chat", bin=str(pi_bin))
     proc = run_launch(launch, work)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -107,3 +107,17 @@ def test_worker_entry_points_use_the_cli_defaults() -> None:
              "workers_common.run_stage('postrun')")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['worker', '--stage', 'postrun']"
+
+
+def test_each_harness_is_one_module_named_by_the_task_spec(tmp_path: Any) -> None:
+    from polar_mq.harnesses import install, registry
+    from polar_mq.tasks.taskspec import HARNESSES
+
+    for name in HARNESSES:
+        module = registry.harness_module(name)
+        assert module.__name__ == f"polar_mq.harnesses.{name}" and module.HARNESS.name == name
+    for name in registry.CLI_HARNESSES:
+        harness = registry.cli_harness(name)
+        assert harness.package.name == name and install.PACKAGES[name] is harness.package
+        assert harness.apis and harness.apis[0] == harness.build(tmp_path / name, {
+            "openai": "http://g/v1", "anthropic": "http://g", "gemini": "http://g"}, "k", "m", "hi").api

@@ -19,46 +19,21 @@ Command line (wired as ``polar-mq harness install NAME...``)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from .base import HarnessPackage
+from .registry import packages
 
 
-@dataclasses.dataclass(frozen=True)
-class HarnessPackage:
-    """One pinned npm package and the executable it provides."""
-
-    name: str        # polar_mq harness name (TaskRequest agent.harness)
-    package: str     # npm package name
-    version: str     # pinned version
-    bin: str         # executable name under node_modules/.bin
-
-    @property
-    def spec(self) -> str:
-        return f"{self.package}@{self.version}"
-
-    @property
-    def dirname(self) -> str:
-        return f"{self.name}-{self.version}"
-
-
-# Versions seen working headless against a local base URL (shared/notes/harnesses.md).
-PACKAGES: Dict[str, HarnessPackage] = {
-    p.name: p
-    for p in (
-        HarnessPackage("claude_code", "@anthropic-ai/claude-code", "2.1.197", "claude"),
-        HarnessPackage("codex", "@openai/codex", "0.171.0", "codex"),
-        HarnessPackage("gemini_cli", "@google/gemini-cli", "0.61.0", "gemini"),
-        HarnessPackage("qwen_code", "@qwen-code/qwen-code", "0.15.10", "qwen"),
-        HarnessPackage("opencode", "opencode-ai", "1.18.33", "opencode"),
-        HarnessPackage("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
-    )
-}
+# The pinned versions, each named in its harness's module (versions seen working headless against
+# a local base URL: shared/notes/harnesses.md).
+PACKAGES: Dict[str, HarnessPackage] = packages()
 
 HARNESS_NAMES: List[str] = list(PACKAGES)
 
@@ -162,6 +137,20 @@ def install(
             if m not in wanted:
                 wanted.append(m)
     return {n: _install_one(PACKAGES[n], cache, timeout, quiet) for n in wanted}
+
+
+def resolve_bin(name: str, options: Mapping[str, Any]) -> str:
+    """The CLI executable: ``options.bin``, else the pinned install (installed now if missing)."""
+    if options.get("bin"):
+        return str(options["bin"])
+    cache = options.get("install_dir")
+    if is_installed(name, cache):
+        return str(bin_path(name, cache))
+    try:
+        return str(install([name], cache)[name])
+    except InstallError as exc:
+        raise RuntimeError(f"harness {name!r} is not installed and could not be installed: {exc}. "
+                           f"Run `polar-mq harness install {name}` on the worker host.") from exc
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

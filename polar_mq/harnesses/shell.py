@@ -12,3 +12,6 @@ class ShellHarness:
         command = ctx.options["command"]
         env = {**session_env(ctx), **{k: str(v) for k, v in (ctx.options.get("env") or {}).items()}}
         return Launch(command=command, env=env)
+
+
+HARNESS = ShellHarness  # what registry.py loads for agent.harness "shell"

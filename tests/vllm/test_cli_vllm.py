@@ -21,7 +21,7 @@ import subprocess
 import pytest
 import requests
 
-from polar_mq.harnesses import configs, install
+from polar_mq.harnesses import install, pi
 
 SERVED = "tiny"
 EOT = "<|im_end|>"
@@ -67,7 +67,7 @@ def test_pi_through_gateway_to_vllm_gives_one_trace(api, pi_bin, vllm_gateway, v
     sess = vllm_gateway.new_session(metadata={"test": "pi-vllm", "api": api})
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    launch = configs.pi(home, sess["base_urls"], sess["key"], SERVED, INSTRUCTION,
+    launch = pi.configure(home, sess["base_urls"], sess["key"], SERVED, INSTRUCTION,
                         api=api, bin=str(pi_bin))
     proc = subprocess.run(launch.argv, env={**os.environ, **launch.env}, cwd=work, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=120)
