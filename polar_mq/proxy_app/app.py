@@ -91,6 +91,10 @@ def redis_client(url: str, max_connections: int = 512):
 
 def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
                pool: UpstreamPool | None = None, startup_checks: bool = True) -> Flask:
+    """The gateway's Flask app. `store` and `pool` default to a store on `settings.redis_url` and
+    the upstream pool of `settings.upstreams`; a test passes its own (tests/mock_pool.py: the pool's
+    interface over one answer function) and `startup_checks=False`, which skips probing upstreams,
+    the health thread and the spool replay."""
     if store is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is required")
