@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from . import replies
 from .store import Keys
 
 WAKE_CAP = 63  # tokens kept in the wakeup list; more only cause spurious wake-ups
@@ -140,7 +141,7 @@ class GroupQueue:
                 self.r.blpop([self.keys.groups_wakeup()], timeout=timeout)
 
     def _until_next_expiry(self) -> float:
-        first = self.r.zrange(self.keys.groups_leased(), 0, 0, withscores=True)
+        first = replies.scored(self.r.zrange(self.keys.groups_leased(), 0, 0, withscores=True))
         return max(0.0, first[0][1] - time.time()) if first else POLL_CAP
 
     def ack(self, task_id: str, reason: str = "") -> int:
@@ -149,10 +150,9 @@ class GroupQueue:
                              args=[task_id, repr(time.time()), reason]))
 
     def info(self, task_id: str) -> dict[str, Any]:
-        raw = self.r.hgetall(self.keys.group(task_id))
+        raw = replies.text_map(self.r.hgetall(self.keys.group(task_id)))
         out: dict[str, Any] = {}
-        for key, value in raw.items():
-            name = key.decode()
+        for name, value in raw.items():
             text = value.decode()
             out[name] = text if name == "ack_reason" else float(text)
         if "delivery" in out:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from . import replies
 from .store import Keys
 
 HEARTBEAT_INTERVAL = 1.0  # a gateway process beats this often
@@ -114,14 +115,14 @@ class PauseState:
 
     def gateways(self) -> dict[str, dict[str, Any]]:
         """Registered gateway processes: id → info + last_beat."""
-        beats = {m.decode(): s for m, s in self.r.zrange(self.keys.gateway_heartbeats(), 0, -1, withscores=True)}
-        infos = {k.decode(): json.loads(v) for k, v in self.r.hgetall(self.keys.gateway_info()).items()}
+        beats = dict(replies.scored(self.r.zrange(self.keys.gateway_heartbeats(), 0, -1, withscores=True)))
+        infos = {k: json.loads(v) for k, v in replies.text_map(self.r.hgetall(self.keys.gateway_info())).items()}
         return {gid: {**infos.get(gid, {}), "last_beat": beat} for gid, beat in beats.items()}
 
     def drain(self, now: float | None = None, ttl: float = HEARTBEAT_TTL) -> Drain:
         now = now if now is not None else time.time()
-        beats = {m.decode(): s for m, s in self.r.zrange(self.keys.gateway_heartbeats(), 0, -1, withscores=True)}
-        counts = {k.decode(): int(v) for k, v in self.r.hgetall(self.keys.gateway_inflight_by_gateway()).items()}
+        beats = dict(replies.scored(self.r.zrange(self.keys.gateway_heartbeats(), 0, -1, withscores=True)))
+        counts = {k: int(v) for k, v in replies.text_map(self.r.hgetall(self.keys.gateway_inflight_by_gateway())).items()}
         out = Drain()
         for gid in sorted(set(beats) | set(counts)):
             alive = beats.get(gid, 0.0) >= now - ttl

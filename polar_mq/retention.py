@@ -23,24 +23,24 @@ from typing import Any
 
 import redis
 
-from . import states
+from . import replies, states
 from .cleanup import prune_task_dirs
 from .model import GatewaySession, SessionRecord
 from .store import Keys, unpack
 
 
 def _sessions(r: redis.Redis, keys: Keys, task_id: str) -> list[SessionRecord]:
-    sids = [s.decode() for s in r.lrange(keys.task_sessions(task_id), 0, -1)]
+    sids = replies.texts(r.lrange(keys.task_sessions(task_id), 0, -1))
     out = []
     for sid in sids:
-        blob = r.get(keys.session(sid))
+        blob = replies.blob(r.get(keys.session(sid)))
         out.append(SessionRecord.from_dict(unpack(blob)) if blob else SessionRecord(session_id=sid, task_id=task_id))
     return out
 
 
 def _gateway_keys(r: redis.Redis, keys: Keys, gw_sid: str) -> list[str]:
     found = list(keys.gateway_session_keys(gw_sid))
-    blob = r.get(keys.gateway_session(gw_sid))
+    blob = replies.blob(r.get(keys.gateway_session(gw_sid)))
     if blob:
         found.append(keys.gateway_key(GatewaySession.from_dict(unpack(blob)).key))
     found.extend(k.decode() for k in r.scan_iter(match=f"{keys.trajectory(gw_sid, '*')}", count=1000))

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import redis
 
-from . import record_codec
+from . import record_codec, replies
 from .model import CaptureRecord, GatewaySession, Trajectory
 
 
@@ -275,14 +275,13 @@ class GatewayStore:
 
     @_guard
     def get_session(self, session_id: str) -> GatewaySession | None:
-        blob = self.r.get(self.keys.gateway_session(session_id))
+        blob = replies.blob(self.r.get(self.keys.gateway_session(session_id)))
         return GatewaySession.from_dict(unpack(blob)) if blob else None
 
     @_guard
     def resolve_key(self, key: str) -> str | None:
         """Session id for a session key, or None for an unknown key."""
-        sid = self.r.get(self.keys.gateway_key(key))
-        return sid.decode() if sid else None
+        return replies.text(self.r.get(self.keys.gateway_key(key)))
 
     def _write(self, records: list[CaptureRecord], trust_cache: bool = True,
                also: Callable[[Any], None] | None = None) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import redis
 import requests
 
+from .. import replies
 from ..store import Keys
 
 TIMEOUT = 10.0
@@ -90,4 +91,4 @@ def resume_all(urls: list[str], version: int | None, r: redis.Redis, keys: Keys)
 
 
 def recorded(r: redis.Redis, keys: Keys) -> dict[str, Any]:
-    return {k.decode(): json.loads(v) for k, v in r.hgetall(keys.upstream_weights()).items()}
+    return {k: json.loads(v) for k, v in replies.text_map(r.hgetall(keys.upstream_weights())).items()}

@@ -185,8 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (InstallError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    for n, p in paths.items():
-        print(f"{n}\t{p}")
+    for n, path in paths.items():
+        print(f"{n}\t{path}")
     return 0
 
 

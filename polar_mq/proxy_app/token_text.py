@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import redis
 import requests
+from redis.typing import EncodableT
 from flask import Flask, Response, jsonify, request
+
+from .. import replies
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -71,7 +74,7 @@ class TokenTexts:
         r = self.gw.store.r
         key = self._cache_key(model)
         try:
-            cached = r.hmget(key, [str(i) for i in wanted]) if wanted else []
+            cached = [replies.blob(b) for b in r.hmget(key, [str(i) for i in wanted])] if wanted else []
         except redis.RedisError:
             cached = [None] * len(wanted)
         missing = []
@@ -82,7 +85,7 @@ class TokenTexts:
                 out[token_id] = blob.decode("utf-8", errors="replace")
         if missing:
             found = list(self._pool.map(lambda i: self._detokenize_one(model, i), missing))
-            fresh = {str(i): t for i, t in zip(missing, found) if t is not None}
+            fresh: dict[EncodableT, EncodableT] = {str(i): t for i, t in zip(missing, found) if t is not None}
             out.update(zip(missing, found))
             if fresh:
                 try:

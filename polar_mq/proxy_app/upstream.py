@@ -351,9 +351,9 @@ class UpstreamPool:
             up.healthy, up.last_error = False, str(exc)
             return up
         if up.token_ids is None and (model or up.models):
-            probe = {"model": model or up.models[0], "max_tokens": 1, "logprobs": True,
-                     "return_token_ids": True,
-                     "messages": [{"role": "user", "content": "polar token-id probe polar:notool"}]}
+            probe: dict[str, Any] = {"model": model or up.models[0], "max_tokens": 1, "logprobs": True,
+                                     "return_token_ids": True,
+                                     "messages": [{"role": "user", "content": "polar token-id probe polar:notool"}]}
             try:
                 resp = self.http.post(f"{up.root}/v1/chat/completions", json=probe,
                                       timeout=(self.connect_timeout, 60))

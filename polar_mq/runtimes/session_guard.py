@@ -179,7 +179,7 @@ def guarded_relay(client: socket.socket, connect: Callable[[], socket.socket], g
     try:
         got = _read_head(client)
         head = parse_head(got[0]) if got else None
-        if head is None:
+        if got is None or head is None:
             _refuse(client, "400 Bad Request", "malformed HTTP request")
             return
         if head.header("content-length") and head.header("transfer-encoding"):

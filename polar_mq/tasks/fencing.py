@@ -8,13 +8,20 @@ its lease can never write its stale outcome over the attempt that took over.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..model import SessionRecord
 from .pipeline_store import PipelineStore
 
+# To the type checker a FencedStore is the PipelineStore it stands for (it forwards every other
+# attribute to it), so stage bodies keep one store type.
+if TYPE_CHECKING:
+    _StoreBase = PipelineStore
+else:
+    _StoreBase = object
 
-class FencedStore:
+
+class FencedStore(_StoreBase):
     def __init__(self, store: PipelineStore, session_id: str, token: str):
         self._store = store
         self.session_id = session_id

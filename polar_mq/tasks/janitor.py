@@ -22,7 +22,7 @@ from .recovery import reinitialise, resend_missing_messages, restore_held_messag
 
 log = logging.getLogger("polar_mq.janitor")
 
-STAGE_OF = {
+STAGE_OF: dict[str, str] = {
     states.INITIALIZING: INIT_TASK,
     states.RUNNING: RUN_TASK,
     states.POST_RUN: POSTRUN_TASK,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from .. import replies
 from ..cleanup import remove_workdirs
 from ..model import RuntimeHandle
 from .pipeline_store import PipelineStore
@@ -43,7 +44,7 @@ def tear_down_leftovers(store: PipelineStore, node: str, limit: int = 64) -> lis
     """Tear down this node's filed leftovers (up to `limit` per call); returns their session ids."""
     done = []
     for _ in range(limit):
-        blob = store.r.lpop(leftovers_key(store, node))
+        blob = replies.blob(store.r.lpop(leftovers_key(store, node)))
         if blob is None:
             break
         entry = unpack(blob)

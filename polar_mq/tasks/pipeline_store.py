@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import redis
 
-from .. import histograms, session_cas, states
+from .. import histograms, replies, session_cas, states
 from ..group_queue import GroupQueue
 from ..model import SessionRecord, Trajectory
 from ..store import Keys, pack, unpack
@@ -107,7 +107,7 @@ class PipelineStore:
             with self.r.pipeline() as pipe:
                 try:
                     pipe.watch(key)
-                    blob = pipe.get(key)
+                    blob = replies.blob(pipe.get(key))
                     if blob is not None:
                         stored = unpack(blob)
                         pipe.unwatch()
@@ -133,7 +133,7 @@ class PipelineStore:
                     continue
 
     def get_task(self, task_id: str) -> dict[str, Any] | None:
-        blob = self.r.get(self.keys.task(task_id))
+        blob = replies.blob(self.r.get(self.keys.task(task_id)))
         return unpack(blob) if blob else None
 
     def task_request(self, task_id: str) -> TaskRequest | None:
@@ -153,10 +153,10 @@ class PipelineStore:
         return task
 
     def session_ids(self, task_id: str) -> list[str]:
-        return [s.decode() for s in self.r.lrange(self.keys.task_sessions(task_id), 0, -1)]
+        return replies.texts(self.r.lrange(self.keys.task_sessions(task_id), 0, -1))
 
     def list_tasks(self, limit: int = 100) -> list[str]:
-        return [t.decode() for t in self.r.zrevrange(self.keys.task_index(), 0, limit - 1)]
+        return replies.texts(self.r.zrevrange(self.keys.task_index(), 0, limit - 1))
 
     def cancel_task(self, task_id: str) -> None:
         self.r.set(self.keys.task_cancelled(task_id), 1)
@@ -166,7 +166,7 @@ class PipelineStore:
 
     # --- sessions -------------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None:
-        blob = self.r.get(self.keys.session(session_id))
+        blob = replies.blob(self.r.get(self.keys.session(session_id)))
         self._remember(session_id, blob)
         return SessionRecord.from_dict(unpack(blob)) if blob else None
 
@@ -182,7 +182,7 @@ class PipelineStore:
         ids = list(session_ids)
         if not ids:
             return []
-        blobs = self.r.mget([self.keys.session(s) for s in ids])
+        blobs = [replies.blob(b) for b in self.r.mget([self.keys.session(s) for s in ids])]
         return [SessionRecord.from_dict(unpack(b)) for b in blobs if b]
 
     def transition(self, session_id: str, new_state: str | None, *, expect: Iterable[str] | None = None,
@@ -200,7 +200,7 @@ class PipelineStore:
         blob = self._known.get(session_id)
         fresh = blob is None
         if fresh:
-            blob = self.r.get(self.keys.session(session_id))
+            blob = replies.blob(self.r.get(self.keys.session(session_id)))
         while True:
             if blob is None:
                 self._known.pop(session_id, None)
@@ -210,7 +210,7 @@ class PipelineStore:
             left = self._apply(rec, new_state, expect, node, fields, now)
             if left is None:  # refused on this record
                 if not fresh:
-                    blob, fresh = self.r.get(self.keys.session(session_id)), True
+                    blob, fresh = replies.blob(self.r.get(self.keys.session(session_id))), True
                     continue
                 return None
             observation = histograms.fields(histograms.STAGE_SECONDS, left[1], left[0]) if left[0] else None
@@ -263,7 +263,7 @@ class PipelineStore:
         self._known[session_id] = blob
 
     def active_sessions(self) -> list[str]:
-        return [s.decode() for s in self.r.smembers(self.keys.active_sessions())]
+        return replies.texts(self.r.smembers(self.keys.active_sessions()))
 
     # --- leases (who is working on a session right now) -----------------------------------------
     def acquire_lease(self, session_id: str, token: str, ttl: float) -> bool:
@@ -276,8 +276,7 @@ class PipelineStore:
         self._release(keys=[self.keys.lease(session_id)], args=[token])
 
     def lease_holder(self, session_id: str) -> str | None:
-        value = self.r.get(self.keys.lease(session_id))
-        return value.decode() if value else None
+        return replies.text(self.r.get(self.keys.lease(session_id)))
 
     # --- nodes (which hosts are alive, what pools they run) -----------------------------------
     def beat_node(self, node: str, pool_id: str, info: dict[str, Any], ttl: float) -> None:
@@ -295,7 +294,7 @@ class PipelineStore:
 
     def nodes(self) -> dict[str, float]:
         """node -> the time its liveness expires."""
-        return {k.decode(): float(v) for k, v in self.r.hgetall(self._nodes_key()).items()}
+        return {k: float(v) for k, v in replies.text_map(self.r.hgetall(self._nodes_key())).items()}
 
     def live_queues(self, max_age: float = 0.0) -> set[str]:
         """Queues some live pool consumes (e.g. `run@NODE`: that node can run what it prepares);
@@ -308,11 +307,11 @@ class PipelineStore:
         return live
 
     def pools(self) -> list[dict[str, Any]]:
-        return [unpack(v) for v in self.r.hgetall(self._pools_key()).values()]
+        return [unpack(v) for v in replies.text_map(self.r.hgetall(self._pools_key())).values()]
 
     def forget_pools(self, older_than: float) -> None:
         """Drop pool entries that expired before `older_than` (the status view stays current)."""
-        for field_, blob in self.r.hgetall(self._pools_key()).items():
+        for field_, blob in replies.text_map(self.r.hgetall(self._pools_key())).items():
             if unpack(blob).get("expires", 0) < older_than:
                 self.r.hdel(self._pools_key(), field_)
 
@@ -338,7 +337,7 @@ class PipelineStore:
         self.r.srem(self.keys.ready_slots(), session_id)
 
     def slots_held(self) -> list[str]:
-        return [s.decode() for s in self.r.smembers(self.keys.ready_slots())]
+        return replies.texts(self.r.smembers(self.keys.ready_slots()))
 
     def push_ready(self, session_id: str) -> None:
         """A prepared session enters READY (once), its occupancy observed, in one round trip."""
@@ -359,14 +358,14 @@ class PipelineStore:
         self.r.blpop([self.keys.ready_wakeup()], timeout=timeout)
 
     def ready_list(self) -> list[str]:
-        return [s.decode() for s in self.r.lrange(self.keys.ready(), 0, -1)]
+        return replies.texts(self.r.lrange(self.keys.ready(), 0, -1))
 
     # --- results and metrics --------------------------------------------------------------------
     def save_trajectory(self, trajectory: Trajectory) -> None:
         self.r.set(self.keys.trajectory(trajectory.session_id, "result"), pack(trajectory.to_dict()))
 
     def get_trajectory(self, session_id: str) -> Trajectory | None:
-        blob = self.r.get(self.keys.trajectory(session_id, "result"))
+        blob = replies.blob(self.r.get(self.keys.trajectory(session_id, "result")))
         return Trajectory.from_dict(unpack(blob)) if blob else None
 
     def trajectory_blobs(self, session_ids: list[str]) -> list[bytes | None]:
@@ -374,13 +373,13 @@ class PipelineStore:
         round trip; the groups API splices these into its answer without decoding them."""
         if not session_ids:
             return []
-        return self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])
+        return [replies.blob(b) for b in self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])]
 
     def incr(self, name: str, amount: float = 1) -> None:
         self.r.hincrbyfloat(self.keys.counter(), name, amount)
 
     def counters(self) -> dict[str, float]:
-        return {k.decode(): float(v) for k, v in self.r.hgetall(self.keys.counter()).items()}
+        return {k: float(v) for k, v in replies.text_map(self.r.hgetall(self.keys.counter())).items()}
 
     def record_callback(self, task_id: str, delivery_id: str, state: dict[str, Any]) -> None:
         """The delivery state of one callback (delivered | retrying | dead_letter), for the status."""

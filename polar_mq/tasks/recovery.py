@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from .. import states
+from .. import replies, states
 from ..model import SessionRecord
 from .routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
@@ -77,8 +77,8 @@ def restore_held_messages(ctx: StageContext) -> list[str]:
     now = time.time()
     script = r.register_script(_RESTORE)
     restored = []
-    for tag in r.zrangebyscore(UNACKED_INDEX, "-inf", now - ttl):
-        blob = r.hget(UNACKED, tag)
+    for tag in replies.texts(r.zrangebyscore(UNACKED_INDEX, "-inf", now - ttl)):
+        blob = replies.blob(r.hget(UNACKED, tag))
         if blob is None:
             r.zrem(UNACKED_INDEX, tag)
             continue
@@ -136,7 +136,7 @@ def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:
     return True
 
 
-WAITING = {states.REGISTERED: INIT_TASK, states.READY: RUN_TASK, states.POST_RUN: POSTRUN_TASK}
+WAITING: dict[str, str] = {states.REGISTERED: INIT_TASK, states.READY: RUN_TASK, states.POST_RUN: POSTRUN_TASK}
 
 
 def resend_missing_messages(ctx: StageContext, recs: list[SessionRecord], now: float) -> list[str]:
@@ -151,14 +151,14 @@ def resend_missing_messages(ctx: StageContext, recs: list[SessionRecord], now: f
                   and ctx.store.lease_holder(rec.session_id) is None]
     if not candidates:
         return []
-    held = [v.decode(errors="replace") for v in r.hvals(UNACKED)]
+    held = replies.texts(r.hvals(UNACKED), errors="replace")
     queued: dict[str, list[str]] = {}
     resent = []
     for rec in candidates:
         name = WAITING[rec.state]
         queues = {queue_for(ctx.store, name, rec.session_id), STAGE_QUEUE[name]}
         for q in queues - queued.keys():
-            queued[q] = [m.decode(errors="replace") for m in r.lrange(q, 0, -1)]
+            queued[q] = replies.texts(r.lrange(q, 0, -1), errors="replace")
         if any(rec.session_id in m for q in queues for m in queued[q]) or any(rec.session_id in m for m in held):
             continue
         log.warning("session %s in %s has no %s message anywhere; sending it again", rec.session_id,

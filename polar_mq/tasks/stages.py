@@ -100,6 +100,13 @@ def stage(*accepts: str):
     return decorate
 
 
+def runtime_of(rec: SessionRecord) -> RuntimeHandle:
+    """The session's runtime handle: every state from READY on has one (init stores it first)."""
+    if rec.runtime is None:
+        raise RuntimeError(f"session {rec.session_id} is {rec.state} without a runtime handle")
+    return rec.runtime
+
+
 def session_dir(ctx: StageContext, rec: SessionRecord) -> Path:
     return Path(ctx.settings.sessions_dir) / rec.task_id / rec.session_id
 
@@ -114,12 +121,12 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     if f"run@{ctx.settings.node}" not in store.live_queues(max_age=1.0):
         return "busy"  # nothing on this node would run what it prepares: leave it to a host that can
     takeover = rec.state == states.INITIALIZING
-    now = time.time()
-    rec = store.transition(session_id, states.INITIALIZING, node=ctx.node,
-                           expect={states.REGISTERED, states.INITIALIZING},
-                           deadline=rec.deadline or now + task.timeout_seconds)
-    if rec is None:
+    deadline = rec.deadline or time.time() + task.timeout_seconds
+    moved = store.transition(session_id, states.INITIALIZING, node=ctx.node,
+                             expect={states.REGISTERED, states.INITIALIZING}, deadline=deadline)
+    if moved is None:
         return "skipped"
+    rec = moved
     runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
     if takeover and rec.runtime and rec.runtime.is_here(ctx.node):
         runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
@@ -127,10 +134,10 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     handle = runtime.start(task.runtime, sdir, session_id).stamped(ctx.settings.node)
     store.transition(session_id, None, runtime=handle, workdir=handle.workdir)
     for i, step in enumerate(task.runtime.prepare):
-        if time.time() > rec.deadline:
+        if time.time() > deadline:
             return to_postrun(ctx, session_id, states.TIMEOUT, "budget spent during prepare")
         err = refused_prepare(handle, step, ctx.settings.allow_local_exec) or \
-            _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log", rec.deadline - time.time(), lease)
+            _prepare_step(runtime, handle, step, sdir / "logs" / f"prepare-{i}.log", deadline - time.time(), lease)
         if err:
             return to_postrun(ctx, session_id, states.ERROR, f"prepare step {i} failed: {err}")
     gateway_fields = register_gateway(ctx, rec, task, gateway_index(rec))
@@ -138,9 +145,8 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     # the init pool keeps a stock ahead of the run slots (docs/deployment.md says how to size it).
     if not _wait_ready_slot(ctx, rec, lease):
         return "lease lost"
-    rec = store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
-                           **gateway_fields)
-    if rec is None:
+    if store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
+                        **gateway_fields) is None:
         store.release_slot(session_id)
         return "skipped"
     store.push_ready(session_id)
@@ -195,7 +201,7 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     fields: dict[str, Any] = {}
     if takeover:
         # The previous run worker died: kill what it left, start a clean attempt.
-        runtime.reap(rec.runtime)
+        runtime.reap(runtime_of(rec))
         run_attempt = int(rec.stats.get("run_attempts", 1))
         fields = {**register_gateway(ctx, rec, task, gateway_index(rec)),
                   "stats": {**rec.stats, "run_attempts": run_attempt + 1,
@@ -203,10 +209,11 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
                                 rec.stats.get("abandoned_gateway_sessions", []) + [rec.gateway_session_id]}}
     else:
         fields = {"stats": {**rec.stats, "run_attempts": 1}}
-    rec = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
-                           node=ctx.node, **fields)
-    if rec is None:
+    moved = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
+                             node=ctx.node, **fields)
+    if moved is None:
         return "skipped"
+    rec = moved
     store.take_ready(session_id)
     if store.is_cancelled(rec.task_id):
         return to_postrun(ctx, session_id, states.ERROR, "cancelled")
@@ -220,8 +227,8 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         base_urls = sandbox_urls(base_urls)  # a gateway on another host, via the sandbox's forwarder
     launch = harness.launch(HarnessContext(
         session_id=session_id, instruction=task.instruction, model=task.agent.model,
-        key=rec.gateway_key or "", base_urls=base_urls, home=Path(rec.runtime.home),
-        workdir=Path(rec.runtime.workdir), options=task.agent.options,
+        key=rec.gateway_key or "", base_urls=base_urls, home=Path(runtime_of(rec).home),
+        workdir=Path(runtime_of(rec).workdir), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
     cancel = CancelWatch(lambda: store.is_cancelled(rec.task_id))
 
@@ -229,10 +236,10 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         return lease.lost.is_set() or cancel.cancelled.is_set()
 
     def on_start(info: dict[str, Any]) -> None:
-        store.transition(session_id, None, runtime=rec.runtime.updated(**info))
+        store.transition(session_id, None, runtime=runtime_of(rec).updated(**info))
 
     # The runtime bridges the gateway into a sandbox without a network (see runtimes/).
-    exec_handle = rec.runtime.updated(gateway_urls=sorted(set((rec.base_urls or {}).values())))
+    exec_handle = runtime_of(rec).updated(gateway_urls=sorted(set((rec.base_urls or {}).values())))
     with cancel:
         result = runtime.exec(exec_handle, launch.command, env=launch.env, timeout=remaining,
                               log_path=sdir / "logs" / f"harness-{rec.attempt}.log",
@@ -280,10 +287,11 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     here = rec.runtime_is_here(ctx.settings.node)
     if not here and ctx.store.node_alive(rec.runtime_host or ""):
         return _reroute(ctx, rec, POSTRUN_TASK)
-    rec = store.transition(session_id, states.BUILDING, node=ctx.node,
-                           expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
-    if rec is None:
+    moved = store.transition(session_id, states.BUILDING, node=ctx.node,
+                             expect={states.POST_RUN, states.BUILDING, states.EVALUATING})
+    if moved is None:
         return "skipped"
+    rec = moved
     outcome = rec.outcome or states.ERROR
     # A call still running when the harness stopped is recorded once it ends (aborted if the
     # session was cancelled): wait for it, bounded, so the trajectory keeps it.
@@ -336,10 +344,11 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
             log.exception("teardown failed for %s", session_id)
     if not (ctx.settings.keep_workdirs or task.runtime.keep_workdir):
         remove_workdirs(session_dir(ctx, rec))
-    rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
-                           error=traj.error, stats={**rec.stats, **traj.stats})
-    if rec is None:
+    moved = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
+                             error=traj.error, stats={**rec.stats, **traj.stats})
+    if moved is None:
         return "skipped"
+    rec = moved
     send_callbacks(ctx, task, rec, traj)
     return outcome.lower()
 
