@@ -121,3 +121,15 @@ def test_each_harness_is_one_module_named_by_the_task_spec(tmp_path: Any) -> Non
         assert harness.package.name == name and install.PACKAGES[name] is harness.package
         assert harness.apis and harness.apis[0] == harness.build(tmp_path / name, {
             "openai": "http://g/v1", "anthropic": "http://g", "gemini": "http://g"}, "k", "m", "hi").api
+
+
+def test_redis_replies_are_read_as_bytes_and_a_decoding_client_is_refused() -> None:
+    import pytest
+
+    from polar_mq import replies
+
+    assert replies.text(b"sid") == "sid" and replies.blob(None) is None and replies.text(None) is None
+    assert replies.texts([b"a", b"b"]) == ["a", "b"] and replies.text_map({b"k": b"v"}) == {"k": b"v"}
+    assert replies.scored([(b"gw", 3)]) == [("gw", 3.0)]
+    with pytest.raises(TypeError, match="decode_responses"):
+        replies.text("sid")  # what a decode_responses=True client would hand back
