@@ -186,18 +186,22 @@ class CliHarness:
     * ``install_dir``: the harness cache dir (default ``$POLAR_HARNESS_DIR`` or
       ``~/.cache/polar_mq/harnesses``); a runtime with its own filesystem (docker) mounts it.
 
-    A subclass names its `package`, its `apis` (first = default) and its `configure` function, and
-    overrides `add_max_turns` when the CLI has a turn limit.
+    A subclass names its `package`, its `apis` (first = default) and its `configure` function; a
+    CLI with a turn limit names the settings.json under HOME that holds it (`turns_settings`) or
+    overrides `add_max_turns` (an argv flag).
     """
 
     name: str = ""
     package: HarnessPackage
     apis: tuple[str, ...] = ()
     configure: Configure
+    turns_settings: str | None = None  # settings.json (under HOME) with model.maxSessionTurns
 
     def add_max_turns(self, argv: list[str], home: Path, turns: int) -> None:
         """Apply ``agent.options.max_turns`` (argv flag or config file); most CLIs have none."""
-        raise ValueError(f"agent.options.max_turns: {self.name} has no turn limit")
+        if self.turns_settings is None:
+            raise ValueError(f"agent.options.max_turns: {self.name} has no turn limit")
+        set_settings_turns(home / self.turns_settings, turns)
 
     def build(self, home: PathLike, base_urls: Mapping[str, str], key: str, model: str, instruction: str, *,
               api: str | None = None, bin: PathLike | None = None, limits: ModelLimits | None = None) -> CliLaunch:

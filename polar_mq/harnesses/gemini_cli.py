@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .base import (DEFAULT_LIMITS, GEMINI, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
-                   set_settings_turns, strip_slash, write_json)
+                   strip_slash, write_json)
 from .limits import ModelLimits
 
 PACKAGE = HarnessPackage("gemini_cli", "@google/gemini-cli", "0.61.0", "gemini")
@@ -76,9 +76,7 @@ class GeminiCliHarness(CliHarness):
     package = PACKAGE
     apis = APIS
     configure = staticmethod(configure)
-
-    def add_max_turns(self, argv: list[str], home: Path, turns: int) -> None:
-        set_settings_turns(home / ".gemini" / "settings.json", turns)
+    turns_settings = ".gemini/settings.json"
 
 
 HARNESS = GeminiCliHarness  # what registry.py loads for agent.harness "gemini_cli"

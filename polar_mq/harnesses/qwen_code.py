@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliHarness, CliLaunch, HarnessPackage, PathLike,
-                   check_api, home_env, openai_v1, set_settings_turns, strip_slash, write_json)
+                   check_api, home_env, openai_v1, strip_slash, write_json)
 from .limits import ModelLimits
 
 PACKAGE = HarnessPackage("qwen_code", "@qwen-code/qwen-code", "0.15.10", "qwen")
@@ -67,9 +67,7 @@ class QwenCodeHarness(CliHarness):
     package = PACKAGE
     apis = APIS
     configure = staticmethod(configure)
-
-    def add_max_turns(self, argv: list[str], home: Path, turns: int) -> None:
-        set_settings_turns(home / ".qwen" / "settings.json", turns)
+    turns_settings = ".qwen/settings.json"
 
 
 HARNESS = QwenCodeHarness  # what registry.py loads for agent.harness "qwen_code"
