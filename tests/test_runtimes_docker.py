@@ -60,7 +60,7 @@ def test_container_lifecycle_limits_files_and_timeout(engine, gateway, tmp_path)
                     f'{sys.executable} -c "print(6*7)"; echo hi > out.txt',
                     env={}, timeout=30, log_path=log)
         assert r.exit_code == 0 and not r.timed_out, log.read_text()
-        assert f"bar {handle['workdir']}" in log.read_text() and "42" in log.read_text()
+        assert f"bar {handle.workdir}" in log.read_text() and "42" in log.read_text()
         assert (tmp_path / "s" / "work" / "out.txt").read_text() == "hi\n"
 
         # no network, except the gateway bridged onto the container's own loopback
@@ -266,5 +266,5 @@ def test_create_arguments_without_an_engine(tmp_path, monkeypatch):
     assert seen["volumes"][sdir] == {"bind": sdir, "mode": "rw"}
     assert seen["volumes"][str(tmp_path)] == {"bind": "/data", "mode": "rw"}
     assert "/nonexistent" not in seen["volumes"]
-    assert h["workdir"] == "/testbed" and h["host_workdir"] == f"{sdir}/work" and h["network"] == "host"
+    assert h.workdir == "/testbed" and h.host_workdir == f"{sdir}/work" and h.network == "host"
     assert seen["execs"] == [["mkdir", "-p", "/testbed"]]
