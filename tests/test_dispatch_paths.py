@@ -10,6 +10,7 @@ keeps the HTTP path.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -17,6 +18,8 @@ import redis
 import requests
 
 from conftest import AUTH, TOKEN
+from pipeline_support import agent_task, make_pipeline
+from polar_mq import states
 from polar_mq.store import GatewayStore
 from polar_mq.tasks.context import GatewayClient
 
@@ -60,3 +63,30 @@ def test_gateway_on_another_redis_stays_on_http(gateway: Any, redis_url: str) ->
     assert client.wait_idle(answer["session_id"], 1.0) == 0 and client.shared_root() is None
     assert len(client.calls(answer["session_id"])) == 1
     assert other.dbsize() == 0  # nothing written where the gateway does not look
+
+
+def test_pipeline_sharing_the_gateways_redis(gateway: Any, redis_server: Any, tmp_path: Path) -> None:
+    """Real pools on the gateway's own Redis (so stages take the direct gateway path): the
+    sessions' model calls are recorded and built into their trajectories, harnesses got the
+    gateway's base URLs, and the pools log no per-task INFO lines (settings.task_log) while
+    their startup lines are still there."""
+    p = make_pipeline(gateway, tmp_path, redis_server=redis_server)
+    p.redis_server = None  # the suite's server: not ours to stop
+    try:
+        for stage in ("init", "run", "postrun"):
+            p.start_worker(stage, 1)
+        _, sids = p.submit(agent_task(num_samples=3))
+        recs = p.wait(sids, timeout=90)
+        for rec in recs:
+            assert rec.state == states.COMPLETED, (rec.state, rec.error)
+            assert rec.base_urls["openai"] == f"{gateway.url}/s/{rec.gateway_key}/v1"
+            traj = p.store.get_trajectory(rec.session_id)
+            assert traj.stats["calls"] == 2 and traj.stats["traces"] == 1
+            served = requests.get(f"{gateway.url}/sessions/{rec.gateway_session_id}/calls", headers=AUTH,
+                                  timeout=10).json()["calls"]
+            assert len(served) == 2
+    finally:
+        p.stop()
+    logs = "".join(f.read_text(errors="replace") for f in tmp_path.glob("worker-*.log"))
+    assert "ready." in logs  # Celery's own startup line: the worker logs at INFO
+    assert "Received task" not in logs and "succeeded in" not in logs

@@ -22,6 +22,9 @@ log = logging.getLogger("polar_mq.worker")
 
 settings = PipelineSettings.from_env()
 app = make_celery(settings)
+if not settings.task_log:  # per-task INFO lines off (settings.task_log); before tracers are built
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 _ctx: StageContext | None = None
 
 
