@@ -58,6 +58,38 @@ return 0
 """
 
 
+# A stage's entry in one round trip: read the session, and only if its state is one the stage
+# accepts take its lease (SET NX PX) and read its task's cancel flag. The state and task id are
+# read with Redis' own msgpack decoder; a record it cannot decode answers 1 and the caller does
+# the same steps one by one. KEYS: session, lease. ARGV: token, ttl ms, cancel-key prefix,
+# cancel-key suffix, accepted states...
+# Answers: {0} no session, {1, blob} decode here, {2, blob} state not accepted (no lease taken),
+# {3, blob} lease held by another, {4, blob, cancelled} lease taken.
+_ENTER = """
+local blob = redis.call('GET', KEYS[1])
+if not blob then return {0} end
+local ok, rec = pcall(cmsgpack.unpack, blob)
+if not ok or type(rec) ~= 'table' or type(rec.state) ~= 'string' or type(rec.task_id) ~= 'string' then
+  return {1, blob}
+end
+local accepted = false
+for i = 5, #ARGV do
+  if rec.state == ARGV[i] then accepted = true end
+end
+if not accepted then return {2, blob} end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {3, blob} end
+return {4, blob, redis.call('EXISTS', ARGV[3] .. rec.task_id .. ARGV[4])}
+"""
+
+
+class StageEntry:
+    """What `enter_stage` found: the record (None: no session), whether the stage may work on it
+    (its state accepted and the lease taken), and the task's cancel flag at that moment."""
+
+    def __init__(self, rec: SessionRecord | None, accepted: bool, leased: bool, cancelled: bool = False):
+        self.rec, self.accepted, self.leased, self.cancelled = rec, accepted, leased, cancelled
+
+
 # Into / out of the READY list, and the occupancy observed into its histogram (histograms.py
 # layout, unlabelled) in the same step. KEYS: READY list, slots, wakeup, histogram.
 # ARGV: session id, 'in' | 'out', the bucket bounds in order.
@@ -92,6 +124,7 @@ class PipelineStore:
         self._acquire_slot = self.r.register_script(_ACQUIRE_SLOT)
         self._cas = self.r.register_script(session_cas.SCRIPT)
         self._ready_script = self.r.register_script(_READY_MOVE)
+        self._enter = self.r.register_script(_ENTER)
         self._known: dict[str, bytes] = {}  # session id -> the record last read or written here
         self._tasks: dict[str, TaskRequest] = {}
         self._live_queues: tuple[float, set[str]] = (0.0, set())
@@ -264,6 +297,26 @@ class PipelineStore:
 
     def active_sessions(self) -> list[str]:
         return [s.decode() for s in self.r.smembers(self.keys.active_sessions())]
+
+    def enter_stage(self, session_id: str, accepts: Iterable[str], token: str, ttl: float) -> StageEntry:
+        """A stage's first step in one round trip (was GET session, SET lease NX, EXISTS cancel
+        flag: three): the record; if its state is in `accepts`, the lease taken for `token`
+        (never taken for a state the stage skips, as before); the task's cancel flag."""
+        accepts = list(accepts)
+        prefix, suffix = self.keys.task_cancelled("\0").split("\0")
+        answer = self._enter(keys=[self.keys.session(session_id), self.keys.lease(session_id)],
+                             args=[token, int(ttl * 1000), prefix, suffix, *accepts])
+        code = int(answer[0])
+        blob = answer[1] if code else None
+        self._remember(session_id, blob)
+        rec = SessionRecord.from_dict(unpack(blob)) if blob else None
+        if code == 1 and rec is not None:  # not decodable by Redis' msgpack: step by step
+            if rec.state not in accepts:
+                return StageEntry(rec, False, False)
+            if not self.acquire_lease(session_id, token, ttl):
+                return StageEntry(rec, True, False)
+            return StageEntry(rec, True, True, self.is_cancelled(rec.task_id))
+        return StageEntry(rec, code >= 3, code == 4, code == 4 and bool(int(answer[2])))
 
     # --- leases (who is working on a session right now) -----------------------------------------
     def acquire_lease(self, session_id: str, token: str, ttl: float) -> bool:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
 from ..pipeline_store import PipelineStore, node_name
 
@@ -47,16 +49,30 @@ class Lease:
         self.ttl = ttl
         self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
         self.lost = LeaseLost(ttl)
+        self.task_cancelled = False  # the task's cancel flag when the lease was taken (enter_stage)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Lease":
         if not self.store.acquire_lease(self.session_id, self.token, self.ttl):
             raise LeaseBusy(f"session {self.session_id} is held by {self.store.lease_holder(self.session_id)}")
+        self._start_beat()
+        return self
+
+    @contextmanager
+    def held(self) -> Iterator["Lease"]:
+        """Hold a lease already taken for `self.token` (PipelineStore.enter_stage takes it in the
+        stage's first round trip): heartbeat while inside, released on exit."""
+        self._start_beat()
+        try:
+            yield self
+        finally:
+            self.__exit__(None, None, None)
+
+    def _start_beat(self) -> None:
         self.lost.last_ok = time.monotonic()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{self.session_id}", daemon=True)
         self._thread.start()
-        return self
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 6):
