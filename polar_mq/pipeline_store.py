@@ -128,6 +128,7 @@ class PipelineStore:
         self._known: dict[str, bytes] = {}  # session id -> the record last read or written here
         self._tasks: dict[str, TaskRequest] = {}
         self._live_queues: tuple[float, set[str]] = (0.0, set())
+        self._nodes_seen: tuple[float, dict[str, float]] = (0.0, {})
         self.groups = GroupQueue(self.r, self.keys)
 
     # --- tasks ----------------------------------------------------------------------------------
@@ -342,9 +343,17 @@ class PipelineStore:
                                                                    "expires": now + ttl}))
             pipe.execute()
 
-    def node_alive(self, node: str) -> bool:
+    def node_alive(self, node: str, max_age: float = 0.0) -> bool:
+        """`max_age` > 0 accepts the node table read that long ago (routing asks once per hand-off;
+        a node counts as gone only after 2 lease TTLs without a beat, so a second is nothing)."""
+        now = time.time()
+        if max_age > 0:
+            if now - self._nodes_seen[0] >= max_age:
+                self._nodes_seen = (now, self.nodes())
+            expires = self._nodes_seen[1].get(node)
+            return expires is not None and expires > now
         value = self.r.hget(self._nodes_key(), node)
-        return value is not None and float(value) > time.time()
+        return value is not None and float(value) > now
 
     def nodes(self) -> dict[str, float]:
         """node -> the time its liveness expires."""

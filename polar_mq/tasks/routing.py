@@ -38,7 +38,7 @@ def queue_for(store: PipelineStore, name: str, arg: str) -> str:
     host = runtime_host(rec.runtime if rec else None)
     if host is None:
         return stage
-    if name == POSTRUN_TASK and not store.node_alive(host):
+    if name == POSTRUN_TASK and not store.node_alive(host, max_age=1.0):
         return stage
     return node_queue(stage, host)
 
