@@ -93,26 +93,7 @@ class StageEntry:
 # Into / out of the READY list, and the occupancy observed into its histogram (histograms.py
 # layout, unlabelled) in the same step. KEYS: READY list, slots, wakeup, histogram.
 # ARGV: session id, 'in' | 'out', the bucket bounds in order.
-_READY_MOVE = """
-redis.call('LREM', KEYS[1], 0, ARGV[1])
-local n
-if ARGV[2] == 'in' then
-  n = redis.call('LPUSH', KEYS[1], ARGV[1])
-else
-  redis.call('SREM', KEYS[2], ARGV[1])
-  redis.call('LPUSH', KEYS[3], 1)
-  redis.call('LTRIM', KEYS[3], 0, 63)
-  n = redis.call('LLEN', KEYS[1])
-end
-local bucket = 'inf'
-for i = 3, #ARGV do
-  if n <= tonumber(ARGV[i]) then bucket = ARGV[i] break end
-end
-redis.call('HINCRBY', KEYS[4], '|' .. bucket, 1)
-redis.call('HINCRBYFLOAT', KEYS[4], '|sum', n)
-redis.call('HINCRBY', KEYS[4], '|count', 1)
-return n
-"""
+_READY_MOVE = session_cas.READY_MOVE_BODY
 
 
 class PipelineStore:
@@ -220,7 +201,8 @@ class PipelineStore:
         return [SessionRecord.from_dict(unpack(b)) for b in blobs if b]
 
     def transition(self, session_id: str, new_state: str | None, *, expect: Iterable[str] | None = None,
-                   node: str | None = None, fence: str | None = None, **fields: Any) -> SessionRecord | None:
+                   node: str | None = None, fence: str | None = None, release: bool = False,
+                   ready: str = "", **fields: Any) -> SessionRecord | None:
         """Atomically move a session to `new_state` (None: update fields only) if allowed and, when
         given, if its current state is in `expect` and the session's lease still holds the token
         `fence` (the writer's lease: a worker whose lease lapsed can never write). Returns the new
@@ -229,7 +211,11 @@ class PipelineStore:
         The decision is made here on a record read before (the one this process last wrote or
         read, else a fresh GET); the write is a compare-and-set in one script (session_cas.py)
         that also checks the fence. A record changed meanwhile comes back and is decided on again;
-        a refusal made on a remembered record is re-checked on a fresh read first."""
+        a refusal made on a remembered record is re-checked on a fresh read first.
+
+        With the write, in the same script: `release` drops the lease `fence` holds (a stage's
+        last write); `ready` = 'in' / 'out' moves the session into / out of the READY list
+        (push_ready / take_ready), each one round trip less."""
         expect = set(expect) if expect is not None else None
         blob = self._known.get(session_id)
         fresh = blob is None
@@ -253,7 +239,10 @@ class PipelineStore:
             keys, args = session_cas.cas_call(
                 self.keys, session_id=session_id, task_id=rec.task_id, expected=blob, new=new_blob, fence=fence,
                 terminal_state=terminal, observation=observation,
-                histogram_key=self.keys.histogram(histograms.STAGE_SECONDS.name), now=now)
+                histogram_key=self.keys.histogram(histograms.STAGE_SECONDS.name), now=now,
+                release=release, ready=ready,
+                ready_histogram_key=self.keys.histogram(histograms.READY_OCCUPANCY.name),
+                ready_buckets=tuple(histograms.READY_OCCUPANCY.buckets) if ready else ())
             answer = self._cas(keys=keys, args=args)
             if answer == 1:
                 self._remember(session_id, None if terminal else new_blob)

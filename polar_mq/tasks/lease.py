@@ -50,6 +50,7 @@ class Lease:
         self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
         self.lost = LeaseLost(ttl)
         self.task_cancelled = False  # the task's cancel flag when the lease was taken (enter_stage)
+        self._released = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,8 +99,16 @@ class Lease:
         except Exception:
             pass
 
+    def released(self) -> None:
+        """The stage's last write dropped the lease with it (FencedStore, release=True): stop
+        renewing, and nothing is left to release on exit."""
+        self._released = True
+        self._stop.set()
+
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        if self._released:
+            return
         try:
             self.store.release_lease(self.session_id, self.token)
         except Exception:

@@ -94,7 +94,8 @@ def stage(*accepts: str):
                     if rec.attempt:  # a takeover started: the janitor may requeue it again
                         ctx.store.r.delete(pending_key(ctx.store, session_id))
                     local = StageContext(settings=ctx.settings, gateway=ctx.gateway, enqueue=handoff,
-                                         store=FencedStore(ctx.store, session_id, lease.token),
+                                         store=FencedStore(ctx.store, session_id, lease.token,
+                                                           on_release=lease.released),
                                          node=ctx.node)
                     return body(local, rec, task, lease)
             finally:
@@ -141,12 +142,12 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     # the init pool keeps a stock ahead of the run slots (docs/deployment.md says how to size it).
     if not _wait_ready_slot(ctx, rec, lease):
         return "lease lost"
+    # Into the READY list and the lease dropped with the state move (one script).
     rec = store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
-                           **gateway_fields)
+                           ready="in", release=True, **gateway_fields)
     if rec is None:
         store.release_slot(session_id)
         return "skipped"
-    store.push_ready(session_id)
     ctx.enqueue(RUN_TASK, session_id)
     return "ready"
 
@@ -207,10 +208,9 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     else:
         fields = {"stats": {**rec.stats, "run_attempts": 1}}
     rec = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
-                           node=ctx.node, **fields)
+                           node=ctx.node, ready="out", **fields)  # out of READY, its slot freed
     if rec is None:
         return "skipped"
-    store.take_ready(session_id)
     if lease.task_cancelled:  # read with the lease (PipelineStore.enter_stage)
         return to_postrun(ctx, session_id, states.ERROR, "cancelled")
     remaining = (rec.deadline or time.time()) - time.time()
@@ -268,7 +268,8 @@ def _reroute(ctx: StageContext, rec: SessionRecord, task_name: str) -> str:
 
 def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | None, **fields: Any) -> str:
     rec = ctx.store.transition(session_id, states.POST_RUN, node=ctx.node, outcome=outcome, error=error,
-                               expect={states.INITIALIZING, states.READY, states.RUNNING}, **fields)
+                               expect={states.INITIALIZING, states.READY, states.RUNNING}, release=True,
+                               **fields)
     if rec is None:
         return "skipped"
     ctx.enqueue(POSTRUN_TASK, session_id)
@@ -340,7 +341,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
             log.exception("teardown failed for %s", session_id)
     if not (ctx.settings.keep_workdirs or task.runtime.keep_workdir):
         remove_workdirs(session_dir(ctx, rec))
-    rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
+    rec = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward, release=True,
                            error=traj.error, stats={**rec.stats, **traj.stats})
     if rec is None:
         return "skipped"
