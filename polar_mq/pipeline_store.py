@@ -318,6 +318,13 @@ class PipelineStore:
     def release_lease(self, session_id: str, token: str) -> None:
         self._release(keys=[self.keys.lease(session_id)], args=[token])
 
+    def leases_held(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions have a lease now (one MGET)."""
+        if not session_ids:
+            return set()
+        held = self.r.mget([self.keys.lease(s) for s in session_ids])
+        return {sid for sid, value in zip(session_ids, held) if value is not None}
+
     def lease_holder(self, session_id: str) -> str | None:
         value = self.r.get(self.keys.lease(session_id))
         return value.decode() if value else None
