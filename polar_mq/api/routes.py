@@ -85,14 +85,15 @@ def _enqueue_init(session_ids: list[str]) -> None:
     (bench_dispatch). A failed batch is sent again whole, as the per-message retries did
     (SEND_RETRY); a message that got through twice is a duplicate delivery, which init skips."""
     c = ctx()
-    for attempt in range(SEND_RETRY["max_retries"] + 1):
+    tries = int(SEND_RETRY["max_retries"]) + 1
+    for attempt in range(tries):
         try:
             with c.celery.producer_or_acquire() as producer, producer.batch():
                 for sid in session_ids:
                     c.celery.send_task(INIT_TASK, args=[sid], queue="init", producer=producer)
             return
         except Exception:
-            if attempt == SEND_RETRY["max_retries"]:
+            if attempt == tries - 1:
                 raise
             time.sleep(min(SEND_RETRY["interval_max"],
                            SEND_RETRY["interval_start"] + attempt * SEND_RETRY["interval_step"]))
