@@ -19,16 +19,43 @@ from __future__ import annotations
 from typing import Any
 
 from .group_queue import FINISH_BODY
+
+# READY in/out and its occupancy observation (histograms.py layout, unlabelled).
+# KEYS: READY list, slots, wakeup, histogram. ARGV: session id, 'in' | 'out', the bucket bounds.
+READY_MOVE_BODY = """
+redis.call('LREM', KEYS[1], 0, ARGV[1])
+local n
+if ARGV[2] == 'in' then
+  n = redis.call('LPUSH', KEYS[1], ARGV[1])
+else
+  redis.call('SREM', KEYS[2], ARGV[1])
+  redis.call('LPUSH', KEYS[3], 1)
+  redis.call('LTRIM', KEYS[3], 0, 63)
+  n = redis.call('LLEN', KEYS[1])
+end
+local bucket = 'inf'
+for i = 3, #ARGV do
+  if n <= tonumber(ARGV[i]) then bucket = ARGV[i] break end
+end
+redis.call('HINCRBY', KEYS[4], '|' .. bucket, 1)
+redis.call('HINCRBYFLOAT', KEYS[4], '|sum', n)
+redis.call('HINCRBY', KEYS[4], '|count', 1)
+return n
+"""
 from .store import Keys
 
 # KEYS: 1 session, 2 lease, 3 active set, 4 READY slots, 5 READY wakeup, 6 READY list, 7 counters,
 #       8 histogram, 9..14 the group queue's finish keys (terminal set, task sessions, group hash,
-#       pending zset, wakeup list, counters)
+#       pending zset, wakeup list, counters), 15 READY occupancy histogram
 # ARGV: 1 expected record, 2 new record, 3 fence token ('' = unfenced), 4 '1' if terminal,
 #       5 session id, 6 counter field, 7 histogram bucket field ('' = none), 8 sum field,
-#       9 count field, 10 observed value, 11 now, 12 task id
+#       9 count field, 10 observed value, 11 now, 12 task id, 13 '1': release the lease held by
+#       the fence token, 14 READY move with the write ('in' | 'out' | ''), 15.. occupancy buckets
 SCRIPT = """
 local function finish(KEYS, ARGV)
+%s
+end
+local function ready_move(KEYS, ARGV)
 %s
 end
 local cur = redis.call('GET', KEYS[1])
@@ -49,20 +76,28 @@ if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[7], ARGV[6], 1)
   finish({KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]}, {ARGV[5], ARGV[11], ARGV[12]})
 end
+if ARGV[14] ~= '' then
+  ready_move({KEYS[6], KEYS[4], KEYS[5], KEYS[15]}, {ARGV[5], ARGV[14], unpack(ARGV, 15)})
+end
+if ARGV[13] == '1' and ARGV[3] ~= '' then redis.call('DEL', KEYS[2]) end
 return 1
-""" % FINISH_BODY
+""" % (FINISH_BODY, READY_MOVE_BODY)
 
 
 def cas_call(keys: Keys, *, session_id: str, task_id: str, expected: bytes, new: bytes, fence: str | None,
              terminal_state: str | None, observation: tuple[str, str, str, float] | None,
-             histogram_key: str, now: float) -> tuple[list[str], list[Any]]:
-    """(KEYS, ARGV) of one compare-and-set; `observation` = (bucket, sum, count fields, value)."""
+             histogram_key: str, now: float, release: bool = False, ready: str = "",
+             ready_histogram_key: str = "", ready_buckets: tuple[float, ...] = ()) -> tuple[list[str], list[Any]]:
+    """(KEYS, ARGV) of one compare-and-set; `observation` = (bucket, sum, count fields, value).
+    `release`: with the write, drop the lease the fence token holds (a stage's last write, one
+    round trip less); `ready`: 'in' / 'out' of the READY list with the write (its slot freed on
+    'out'), observed into `ready_histogram_key`."""
     bucket, sum_field, count_field, value = observation or ("", "", "", 0.0)
     script_keys = [keys.session(session_id), keys.lease(session_id), keys.active_sessions(), keys.ready_slots(),
                    keys.ready_wakeup(), keys.ready(), keys.counter(), histogram_key,
                    keys.task_terminal(task_id), keys.task_sessions(task_id), keys.group(task_id),
-                   keys.groups_pending(), keys.groups_wakeup(), keys.counter()]
+                   keys.groups_pending(), keys.groups_wakeup(), keys.counter(), ready_histogram_key or histogram_key]
     args = [expected, new, fence or "", "1" if terminal_state else "0", session_id,
             f"sessions_{(terminal_state or '').lower()}", bucket, sum_field, count_field, repr(float(value)),
-            repr(now), task_id]
+            repr(now), task_id, "1" if release else "", ready, *(repr(float(b)) for b in ready_buckets)]
     return script_keys, args

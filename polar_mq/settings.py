@@ -181,6 +181,10 @@ class PipelineSettings:
     # Celery task events (task-sent/received/started/succeeded) are for Flower only; each costs a
     # publish per task and stage. `polar-mq up` turns them off when it starts no Flower.
     task_events: bool = True
+    # Celery's two INFO lines per task ("Received task", "Task ... succeeded"): six per session,
+    # ~2 ms of a no-op session's CPU (py-spy, bench_dispatch). The session record keeps every
+    # stage move with node and time (`polar-mq status`); warnings and errors are logged anyway.
+    task_log: bool = False
 
     @classmethod
     def from_env(cls, **overrides) -> "PipelineSettings":
@@ -211,6 +215,7 @@ class PipelineSettings:
         s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
         s.callback_token = env.get("POLAR_CALLBACK_TOKEN") or s.api_token
         s.task_events = env.get("POLAR_TASK_EVENTS", "1").lower() not in ("0", "false", "no")
+        s.task_log = env.get("POLAR_TASK_LOG", "0").lower() in ("1", "true", "yes")
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

@@ -242,6 +242,17 @@ class KnownChunks:
             return self._by_session.pop(session_id, default)
 
 
+# KEYS: session record, key mapping of the new key. ARGV: record, session id.
+# Answers nil when created, else the record that already exists (its key mapping untouched).
+_CREATE_SESSION = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return false
+end
+return redis.call('GET', KEYS[1])
+"""
+
+
 class GatewayStore:
     """Sessions, session keys and capture records."""
 
@@ -249,6 +260,7 @@ class GatewayStore:
         self.r = client
         self.keys = keys or Keys()
         self._known = KnownChunks()
+        self._create = self.r.register_script(_CREATE_SESSION)
 
     @_guard
     def ping(self) -> bool:
@@ -259,18 +271,15 @@ class GatewayStore:
                        metadata: dict[str, Any] | None = None,
                        sampling: dict[str, Any] | None = None) -> tuple[GatewaySession, bool]:
         """Create a session (or return the existing one with that id). Returns (session, created)."""
-        existing = self.get_session(session_id)
-        if existing is not None:
-            return existing, False
         session = GatewaySession(session_id=session_id, key="pmq-" + secrets.token_urlsafe(24),
                                  task_id=task_id, metadata=metadata or {}, sampling=sampling or {})
-        pipe = self.r.pipeline()
-        # NX on the session record makes concurrent creations of one id agree on a single key.
-        pipe.set(self.keys.gateway_session(session_id), pack(session.to_dict()), nx=True)
-        result = pipe.execute()
-        if not result[0]:
-            return self.get_session(session_id), False  # type: ignore[return-value]
-        self.r.set(self.keys.gateway_key(session.key), session_id)
+        # One round trip (was three: GET, SET NX, SET key): NX on the session record makes
+        # concurrent creations of one id agree on a single key, and its key mapping is written in
+        # the same step, so a session is never stored without it.
+        existing = self._create(keys=[self.keys.gateway_session(session_id), self.keys.gateway_key(session.key)],
+                                args=[pack(session.to_dict()), session_id])
+        if existing is not None:
+            return GatewaySession.from_dict(unpack(existing)), False
         return session, True
 
     @_guard

@@ -105,3 +105,50 @@ def test_ready_occupancy_histogram_counts_every_move(redis_server):
     assert raw["|count"] == 5 and raw["|sum"] == 11
     assert raw["|1.0"] == 1 and raw["|2.0"] == 2 and raw["|4.0"] == 2
     assert store.ready_list().count(sids[0]) == 1 and sids[1] not in store.ready_list()
+
+
+def test_stage_entry_takes_the_lease_only_for_an_accepted_state(redis_server):
+    """PipelineStore.enter_stage: record, state check, lease and cancel flag in one round trip,
+    with the answers of the former GET / SET NX / EXISTS steps."""
+    store = PipelineStore(connect(redis_server.url))
+    sid = new_sessions(store)[0]
+    skipped = store.enter_stage(sid, {states.READY}, "t1", 10)  # a duplicate delivery: state moved on
+    assert skipped.rec.state == states.REGISTERED and not skipped.accepted and not skipped.leased
+    assert store.lease_holder(sid) is None  # no lease taken for a session the stage skips
+    entry = store.enter_stage(sid, {states.REGISTERED, states.INITIALIZING}, "t1", 10)
+    assert entry.accepted and entry.leased and not entry.cancelled
+    assert store.lease_holder(sid) == "t1" and 9000 < store.r.pttl(store.keys.lease(sid)) <= 10000
+    busy = store.enter_stage(sid, {states.REGISTERED}, "t2", 10)
+    assert busy.accepted and not busy.leased and store.lease_holder(sid) == "t1"
+    store.release_lease(sid, "t1")
+    store.cancel_task(entry.rec.task_id)
+    assert store.enter_stage(sid, {states.REGISTERED}, "t3", 10).cancelled
+    assert store.enter_stage("no-such-session", {states.REGISTERED}, "t4", 10).rec is None
+    # The record read is remembered: the next transition needs no read of its own.
+    assert store.transition(sid, states.INITIALIZING, fence="t3").state == states.INITIALIZING
+
+
+def test_last_write_drops_the_lease_and_ready_moves_land_with_the_state(redis_server):
+    """transition(release=True) drops the writer's lease in the same step (only with its own
+    fence); ready='in'/'out' does what push_ready/take_ready did, occupancy observed."""
+    store = PipelineStore(connect(redis_server.url))
+    sid = new_sessions(store)[0]
+    hist = store.keys.histogram(histograms.READY_OCCUPANCY.name)
+    count0 = int(store.r.hget(hist, "|count") or 0)
+    assert store.acquire_lease(sid, "tok", 10)
+    store.transition(sid, states.INITIALIZING, fence="tok")
+    assert store.try_acquire_slot(sid, 8)
+    assert store.transition(sid, states.READY, fence="tok", ready="in", release=True) is not None
+    assert store.lease_holder(sid) is None and sid in store.ready_list() and sid in store.slots_held()
+    assert int(store.r.hget(hist, "|count")) == count0 + 1
+    # A refused write (fence lost) releases nothing and moves nothing.
+    store.r.set(store.keys.lease(sid), "other")
+    assert store.transition(sid, states.RUNNING, fence="tok", ready="out", release=True) is None
+    assert store.lease_holder(sid) == "other" and sid in store.ready_list()
+    store.r.delete(store.keys.lease(sid))
+    assert store.acquire_lease(sid, "run", 10)
+    assert store.transition(sid, states.RUNNING, fence="run", ready="out").state == states.RUNNING
+    assert sid not in store.ready_list() and sid not in store.slots_held() and store.lease_holder(sid) == "run"
+    assert int(store.r.hget(hist, "|count")) == count0 + 2
+    # An unfenced write never drops a lease.
+    assert store.transition(sid, None, release=True, error=None) is not None and store.lease_holder(sid) == "run"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import yaml
@@ -79,9 +80,23 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
 
 
 def _enqueue_init(session_ids: list[str]) -> None:
+    """A task's init messages in one pipelined write (kombu's Producer.batch) instead of one
+    round trip each: the submit of many sessions was ~0.6 ms of API CPU per session
+    (bench_dispatch). A failed batch is sent again whole, as the per-message retries did
+    (SEND_RETRY); a message that got through twice is a duplicate delivery, which init skips."""
     c = ctx()
-    for sid in session_ids:
-        c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], retry=True, retry_policy=SEND_RETRY)
+    tries = int(SEND_RETRY["max_retries"]) + 1
+    for attempt in range(tries):
+        try:
+            with c.celery.producer_or_acquire() as producer, producer.batch():
+                for sid in session_ids:
+                    c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], producer=producer)
+            return
+        except Exception:
+            if attempt == tries - 1:
+                raise
+            time.sleep(min(SEND_RETRY["interval_max"],
+                           SEND_RETRY["interval_start"] + attempt * SEND_RETRY["interval_step"]))
 
 
 @bp.post("/v1/tasks")

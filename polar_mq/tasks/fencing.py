@@ -8,7 +8,7 @@ its lease can never write its stale outcome over the attempt that took over.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..model import SessionRecord
 from .pipeline_store import PipelineStore
@@ -22,15 +22,24 @@ else:
 
 
 class FencedStore(_StoreBase):
-    def __init__(self, store: PipelineStore, session_id: str, token: str):
+    def __init__(self, store: PipelineStore, session_id: str, token: str,
+                 on_release: Callable[[], None] | None = None):
         self._store = store
         self.session_id = session_id
         self.token = token
+        self._on_release = on_release
 
     def transition(self, session_id: str, new_state: str | None, **kwargs: Any) -> SessionRecord | None:
-        if session_id == self.session_id:
-            kwargs.setdefault("fence", self.token)
-        return self._store.transition(session_id, new_state, **kwargs)
+        """`release=True` (a stage's last write) drops the lease in the same script; the lease
+        is then told it has nothing left to release or renew."""
+        if session_id != self.session_id:
+            kwargs.pop("release", None)  # only this stage's own lease
+            return self._store.transition(session_id, new_state, **kwargs)
+        kwargs.setdefault("fence", self.token)
+        rec = self._store.transition(session_id, new_state, **kwargs)
+        if rec is not None and kwargs.get("release") and self._on_release is not None:
+            self._on_release()
+        return rec
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -48,10 +48,14 @@ def sweep(ctx: StageContext) -> list[str]:
     requeued = []
     recs = store.get_sessions(store.active_sessions())
     live = store.live_queues()
+    # Every lease and the node table in two round trips, not one or two per active session: a
+    # sweep ran 1-2 round trips per active session every janitor_interval, on every sweep.
+    leased = store.leases_held([rec.session_id for rec in recs])
+    nodes = store.nodes()
     for rec in recs:
         sid = rec.session_id
-        has_lease = store.lease_holder(sid) is not None
-        if not has_lease and runtime_lost(ctx, rec, live):
+        has_lease = sid in leased
+        if not has_lease and runtime_lost(ctx, rec, live, nodes):
             if rec.attempt + 1 >= ctx.settings.max_attempts:
                 give_up(ctx, rec)
             elif reinitialise(ctx, rec):

@@ -13,9 +13,12 @@ of this attempt is accepted, whatever the worker believes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
 from .pipeline_store import PipelineStore, node_name
 
@@ -40,6 +43,62 @@ class LeaseLost(threading.Event):
         return super().is_set()
 
 
+class _Keeper:
+    """One heartbeat thread per process for every lease the process holds.
+
+    A thread per lease meant a thread started and, at the stage's end, woken to exit — three per
+    session; py-spy (--gil, bench_dispatch) put 7-10% of the run and postrun pool children in that
+    wake-up (Event.set / Condition.notify) alone. The keeper polls its leases instead (every
+    POLL seconds, or ttl/12 if shorter) and renews each one ttl/6 after its last renewal, as the
+    per-lease thread did; a stage that ends only drops its lease from the set. Self-fencing does
+    not depend on this thread: LeaseLost turns true by the clock once renewals stop succeeding.
+    A process forked while the keeper runs starts its own on its first lease."""
+
+    POLL = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[int, "Lease"] = {}
+        self._pid = 0
+        self._thread: threading.Thread | None = None
+        self._poll = self.POLL
+
+    def add(self, lease: "Lease") -> None:
+        with self._lock:
+            lease.due = time.monotonic() + lease.ttl / 6
+            self._leases[id(lease)] = lease
+            self._poll = min(self._poll, lease.ttl / 12)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._loop, name="polar-lease-keeper", daemon=True)
+                self._thread.start()
+
+    def remove(self, lease: "Lease") -> None:
+        with self._lock:
+            self._leases.pop(id(lease), None)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self._poll)
+            with self._lock:
+                leases = list(self._leases.values())
+            for lease in leases:
+                now = time.monotonic()
+                if lease.done or lease.due > now:
+                    continue
+                lease.due = now + lease.ttl / 6
+                if lease.lost.is_set():
+                    self.remove(lease)
+                    continue
+                try:
+                    lease._renew_once()
+                except Exception:  # Redis blip: keep trying; LeaseLost turns true on its own in time
+                    continue
+
+
+_KEEPER = _Keeper()
+
+
 class Lease:
     def __init__(self, store: PipelineStore, session_id: str, ttl: float):
         self.store = store
@@ -47,25 +106,34 @@ class Lease:
         self.ttl = ttl
         self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
         self.lost = LeaseLost(ttl)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.task_cancelled = False  # the task's cancel flag when the lease was taken (enter_stage)
+        self.due = 0.0  # next renewal (monotonic), kept by the process's _Keeper
+        self.done = False
+        self._released = False
 
     def __enter__(self) -> "Lease":
         if not self.store.acquire_lease(self.session_id, self.token, self.ttl):
             raise LeaseBusy(f"session {self.session_id} is held by {self.store.lease_holder(self.session_id)}")
-        self.lost.last_ok = time.monotonic()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.session_id}", daemon=True)
-        self._thread.start()
+        self._start_beat()
         return self
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.ttl / 6):
-            if self.lost.is_set():
-                return
-            try:
-                self._renew_once()
-            except Exception:  # Redis blip: keep trying; LeaseLost turns true on its own in time
-                continue
+    @contextmanager
+    def held(self) -> Iterator["Lease"]:
+        """Hold a lease already taken for `self.token` (PipelineStore.enter_stage takes it in the
+        stage's first round trip): heartbeat while inside, released on exit."""
+        self._start_beat()
+        try:
+            yield self
+        finally:
+            self.__exit__(None, None, None)
+
+    def _start_beat(self) -> None:
+        self.lost.last_ok = time.monotonic()
+        _KEEPER.add(self)
+
+    def _stop(self) -> None:
+        self.done = True
+        _KEEPER.remove(self)
 
     def _renew_once(self) -> None:
         started = time.monotonic()
@@ -76,14 +144,22 @@ class Lease:
             self.lost.set()
 
     def renew(self) -> None:
-        """Explicit renewal from a busy loop (the heartbeat thread also renews)."""
+        """Explicit renewal from a busy loop (the keeper thread also renews)."""
         try:
             self._renew_once()
         except Exception:
             pass
 
+    def released(self) -> None:
+        """The stage's last write dropped the lease with it (FencedStore, release=True): stop
+        renewing, and nothing is left to release on exit."""
+        self._released = True
+        self._stop()
+
     def __exit__(self, *exc) -> None:
-        self._stop.set()
+        self._stop()
+        if self._released:
+            return
         try:
             self.store.release_lease(self.session_id, self.token)
         except Exception:

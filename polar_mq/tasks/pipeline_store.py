@@ -58,29 +58,42 @@ return 0
 """
 
 
+# A stage's entry in one round trip: read the session, and only if its state is one the stage
+# accepts take its lease (SET NX PX) and read its task's cancel flag. The state and task id are
+# read with Redis' own msgpack decoder; a record it cannot decode answers 1 and the caller does
+# the same steps one by one. KEYS: session, lease. ARGV: token, ttl ms, cancel-key prefix,
+# cancel-key suffix, accepted states...
+# Answers: {0} no session, {1, blob} decode here, {2, blob} state not accepted (no lease taken),
+# {3, blob} lease held by another, {4, blob, cancelled} lease taken.
+_ENTER = """
+local blob = redis.call('GET', KEYS[1])
+if not blob then return {0} end
+local ok, rec = pcall(cmsgpack.unpack, blob)
+if not ok or type(rec) ~= 'table' or type(rec.state) ~= 'string' or type(rec.task_id) ~= 'string' then
+  return {1, blob}
+end
+local accepted = false
+for i = 5, #ARGV do
+  if rec.state == ARGV[i] then accepted = true end
+end
+if not accepted then return {2, blob} end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {3, blob} end
+return {4, blob, redis.call('EXISTS', ARGV[3] .. rec.task_id .. ARGV[4])}
+"""
+
+
+class StageEntry:
+    """What `enter_stage` found: the record (None: no session), whether the stage may work on it
+    (its state accepted and the lease taken), and the task's cancel flag at that moment."""
+
+    def __init__(self, rec: SessionRecord | None, accepted: bool, leased: bool, cancelled: bool = False):
+        self.rec, self.accepted, self.leased, self.cancelled = rec, accepted, leased, cancelled
+
+
 # Into / out of the READY list, and the occupancy observed into its histogram (histograms.py
 # layout, unlabelled) in the same step. KEYS: READY list, slots, wakeup, histogram.
 # ARGV: session id, 'in' | 'out', the bucket bounds in order.
-_READY_MOVE = """
-redis.call('LREM', KEYS[1], 0, ARGV[1])
-local n
-if ARGV[2] == 'in' then
-  n = redis.call('LPUSH', KEYS[1], ARGV[1])
-else
-  redis.call('SREM', KEYS[2], ARGV[1])
-  redis.call('LPUSH', KEYS[3], 1)
-  redis.call('LTRIM', KEYS[3], 0, 63)
-  n = redis.call('LLEN', KEYS[1])
-end
-local bucket = 'inf'
-for i = 3, #ARGV do
-  if n <= tonumber(ARGV[i]) then bucket = ARGV[i] break end
-end
-redis.call('HINCRBY', KEYS[4], '|' .. bucket, 1)
-redis.call('HINCRBYFLOAT', KEYS[4], '|sum', n)
-redis.call('HINCRBY', KEYS[4], '|count', 1)
-return n
-"""
+_READY_MOVE = session_cas.READY_MOVE_BODY
 
 
 class PipelineStore:
@@ -92,9 +105,11 @@ class PipelineStore:
         self._acquire_slot = self.r.register_script(_ACQUIRE_SLOT)
         self._cas = self.r.register_script(session_cas.SCRIPT)
         self._ready_script = self.r.register_script(_READY_MOVE)
+        self._enter = self.r.register_script(_ENTER)
         self._known: dict[str, bytes] = {}  # session id -> the record last read or written here
         self._tasks: dict[str, TaskRequest] = {}
         self._live_queues: tuple[float, set[str]] = (0.0, set())
+        self._nodes_seen: tuple[float, dict[str, float]] = (0.0, {})
         self.groups = GroupQueue(self.r, self.keys)
 
     # --- tasks ----------------------------------------------------------------------------------
@@ -186,7 +201,8 @@ class PipelineStore:
         return [SessionRecord.from_dict(unpack(b)) for b in blobs if b]
 
     def transition(self, session_id: str, new_state: str | None, *, expect: Iterable[str] | None = None,
-                   node: str | None = None, fence: str | None = None, **fields: Any) -> SessionRecord | None:
+                   node: str | None = None, fence: str | None = None, release: bool = False,
+                   ready: str = "", **fields: Any) -> SessionRecord | None:
         """Atomically move a session to `new_state` (None: update fields only) if allowed and, when
         given, if its current state is in `expect` and the session's lease still holds the token
         `fence` (the writer's lease: a worker whose lease lapsed can never write). Returns the new
@@ -195,7 +211,11 @@ class PipelineStore:
         The decision is made here on a record read before (the one this process last wrote or
         read, else a fresh GET); the write is a compare-and-set in one script (session_cas.py)
         that also checks the fence. A record changed meanwhile comes back and is decided on again;
-        a refusal made on a remembered record is re-checked on a fresh read first."""
+        a refusal made on a remembered record is re-checked on a fresh read first.
+
+        With the write, in the same script: `release` drops the lease `fence` holds (a stage's
+        last write); `ready` = 'in' / 'out' moves the session into / out of the READY list
+        (push_ready / take_ready), each one round trip less."""
         expect = set(expect) if expect is not None else None
         blob = self._known.get(session_id)
         fresh = blob is None
@@ -219,7 +239,10 @@ class PipelineStore:
             keys, args = session_cas.cas_call(
                 self.keys, session_id=session_id, task_id=rec.task_id, expected=blob, new=new_blob, fence=fence,
                 terminal_state=terminal, observation=observation,
-                histogram_key=self.keys.histogram(histograms.STAGE_SECONDS.name), now=now)
+                histogram_key=self.keys.histogram(histograms.STAGE_SECONDS.name), now=now,
+                release=release, ready=ready,
+                ready_histogram_key=self.keys.histogram(histograms.READY_OCCUPANCY.name),
+                ready_buckets=tuple(histograms.READY_OCCUPANCY.buckets) if ready else ())
             answer = self._cas(keys=keys, args=args)
             if answer == 1:
                 self._remember(session_id, None if terminal else new_blob)
@@ -265,6 +288,26 @@ class PipelineStore:
     def active_sessions(self) -> list[str]:
         return replies.texts(self.r.smembers(self.keys.active_sessions()))
 
+    def enter_stage(self, session_id: str, accepts: Iterable[str], token: str, ttl: float) -> StageEntry:
+        """A stage's first step in one round trip (was GET session, SET lease NX, EXISTS cancel
+        flag: three): the record; if its state is in `accepts`, the lease taken for `token`
+        (never taken for a state the stage skips, as before); the task's cancel flag."""
+        accepts = list(accepts)
+        prefix, suffix = self.keys.task_cancelled("\0").split("\0")
+        answer = self._enter(keys=[self.keys.session(session_id), self.keys.lease(session_id)],
+                             args=[token, int(ttl * 1000), prefix, suffix, *accepts])
+        code = int(answer[0])
+        blob = answer[1] if code else None
+        self._remember(session_id, blob)
+        rec = SessionRecord.from_dict(unpack(blob)) if blob else None
+        if code == 1 and rec is not None:  # not decodable by Redis' msgpack: step by step
+            if rec.state not in accepts:
+                return StageEntry(rec, False, False)
+            if not self.acquire_lease(session_id, token, ttl):
+                return StageEntry(rec, True, False)
+            return StageEntry(rec, True, True, self.is_cancelled(rec.task_id))
+        return StageEntry(rec, code >= 3, code == 4, code == 4 and bool(int(answer[2])))
+
     # --- leases (who is working on a session right now) -----------------------------------------
     def acquire_lease(self, session_id: str, token: str, ttl: float) -> bool:
         return bool(self.r.set(self.keys.lease(session_id), token, nx=True, px=int(ttl * 1000)))
@@ -274,6 +317,13 @@ class PipelineStore:
 
     def release_lease(self, session_id: str, token: str) -> None:
         self._release(keys=[self.keys.lease(session_id)], args=[token])
+
+    def leases_held(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions have a lease now (one MGET)."""
+        if not session_ids:
+            return set()
+        held = self.r.mget([self.keys.lease(s) for s in session_ids])
+        return {sid for sid, value in zip(session_ids, held) if value is not None}
 
     def lease_holder(self, session_id: str) -> str | None:
         return replies.text(self.r.get(self.keys.lease(session_id)))
@@ -288,9 +338,17 @@ class PipelineStore:
                                                                    "expires": now + ttl}))
             pipe.execute()
 
-    def node_alive(self, node: str) -> bool:
+    def node_alive(self, node: str, max_age: float = 0.0) -> bool:
+        """`max_age` > 0 accepts the node table read that long ago (routing asks once per hand-off;
+        a node counts as gone only after 2 lease TTLs without a beat, so a second is nothing)."""
+        now = time.time()
+        if max_age > 0:
+            if now - self._nodes_seen[0] >= max_age:
+                self._nodes_seen = (now, self.nodes())
+            expires = self._nodes_seen[1].get(node)
+            return expires is not None and expires > now
         value = self.r.hget(self._nodes_key(), node)
-        return value is not None and float(value) > time.time()
+        return value is not None and float(value) > now
 
     def nodes(self) -> dict[str, float]:
         """node -> the time its liveness expires."""

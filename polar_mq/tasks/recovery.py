@@ -103,16 +103,19 @@ def restore_held_messages(ctx: StageContext) -> list[str]:
     return restored
 
 
-def runtime_lost(ctx: StageContext, rec: SessionRecord, live_queues: set[str] | None = None) -> bool:
+def runtime_lost(ctx: StageContext, rec: SessionRecord, live_queues: set[str] | None = None,
+                 nodes: dict[str, float] | None = None) -> bool:
     """The session's runtime lives on a node that is gone, or that no longer runs a run pool (so
-    nothing there will ever run it)."""
+    nothing there will ever run it). `nodes`: the node table (node -> liveness expiry) read for a
+    whole sweep, else read here."""
     from .routing import node_queue
 
     host = rec.runtime_host
     if rec.state not in RUNTIME_BOUND or host is None:
         return False
     live = ctx.store.live_queues() if live_queues is None else live_queues
-    return not ctx.store.node_alive(host) or node_queue("run", host) not in live
+    alive = ctx.store.node_alive(host) if nodes is None else nodes.get(host, 0.0) > time.time()
+    return not alive or node_queue("run", host) not in live
 
 
 def reinitialise(ctx: StageContext, rec: SessionRecord) -> bool:
@@ -147,8 +150,9 @@ def resend_missing_messages(ctx: StageContext, recs: list[SessionRecord], now: f
     from .routing import STAGE_QUEUE, queue_for
 
     r, ttl = ctx.store.r, ctx.settings.lease_ttl
-    candidates = [rec for rec in recs if rec.state in WAITING and now - rec.updated_at >= 2 * ttl
-                  and ctx.store.lease_holder(rec.session_id) is None]
+    quiet = [rec for rec in recs if rec.state in WAITING and now - rec.updated_at >= 2 * ttl]
+    leased = ctx.store.leases_held([rec.session_id for rec in quiet])
+    candidates = [rec for rec in quiet if rec.session_id not in leased]
     if not candidates:
         return []
     held = replies.texts(r.hvals(UNACKED), errors="replace")

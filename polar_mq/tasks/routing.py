@@ -55,7 +55,7 @@ def queue_for(store: PipelineStore, name: str, arg: str) -> str:
     host = rec.runtime_host if rec else None
     if host is None:
         return stage
-    if name == POSTRUN_TASK and not store.node_alive(host):
+    if name == POSTRUN_TASK and not store.node_alive(host, max_age=1.0):
         return stage
     return node_queue(stage, host)
 

@@ -32,7 +32,7 @@ from .context import StageContext
 from .endings import finish_early, send_callbacks
 from .fencing import FencedStore
 from .janitor import pending_key
-from .lease import Lease, LeaseBusy
+from .lease import Lease
 
 log = logging.getLogger("polar_mq.stages")
 
@@ -80,20 +80,24 @@ def stage(*accepts: str):
         def run(ctx: StageContext, session_id: str) -> str:
             handoff = Handoff(ctx)
             try:
-                rec = ctx.store.get_session(session_id)
-                if rec is None or rec.state not in accepts:
+                lease = Lease(ctx.store, session_id, ctx.settings.lease_ttl)
+                # Record, state check, lease and the task's cancel flag in one round trip.
+                entry = ctx.store.enter_stage(session_id, accepts, lease.token, ctx.settings.lease_ttl)
+                rec = entry.rec
+                if rec is None or not entry.accepted:
                     return "skipped"
-                task = ctx.store.cached_task_request(rec.task_id)
-                try:
-                    with Lease(ctx.store, session_id, ctx.settings.lease_ttl) as lease:
-                        if rec.attempt:  # a takeover started: the janitor may requeue it again
-                            ctx.store.r.delete(pending_key(ctx.store, session_id))
-                        local = StageContext(settings=ctx.settings, gateway=ctx.gateway, enqueue=handoff,
-                                             store=FencedStore(ctx.store, session_id, lease.token),
-                                             node=ctx.node)
-                        return body(local, rec, task, lease)
-                except LeaseBusy:
+                if not entry.leased:
                     return "busy"
+                lease.task_cancelled = entry.cancelled
+                with lease.held():
+                    task = ctx.store.cached_task_request(rec.task_id)
+                    if rec.attempt:  # a takeover started: the janitor may requeue it again
+                        ctx.store.r.delete(pending_key(ctx.store, session_id))
+                    local = StageContext(settings=ctx.settings, gateway=ctx.gateway, enqueue=handoff,
+                                         store=FencedStore(ctx.store, session_id, lease.token,
+                                                           on_release=lease.released),
+                                         node=ctx.node)
+                    return body(local, rec, task, lease)
             finally:
                 handoff.flush()
         return run
@@ -116,7 +120,7 @@ def session_dir(ctx: StageContext, rec: SessionRecord) -> Path:
 def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease: Lease) -> str:
     """Wait for a READY slot, start the runtime, prepare it, register the gateway session."""
     store, session_id = ctx.store, rec.session_id
-    if store.is_cancelled(rec.task_id):
+    if lease.task_cancelled:  # read with the lease (PipelineStore.enter_stage)
         return finish_early(ctx, rec, task, states.ERROR, "cancelled")
     if f"run@{ctx.settings.node}" not in store.live_queues(max_age=1.0):
         return "busy"  # nothing on this node would run what it prepares: leave it to a host that can
@@ -145,11 +149,11 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     # the init pool keeps a stock ahead of the run slots (docs/deployment.md says how to size it).
     if not _wait_ready_slot(ctx, rec, lease):
         return "lease lost"
+    # Into the READY list and the lease dropped with the state move (one script).
     if store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
-                        **gateway_fields) is None:
+                        ready="in", release=True, **gateway_fields) is None:
         store.release_slot(session_id)
         return "skipped"
-    store.push_ready(session_id)
     ctx.enqueue(RUN_TASK, session_id)
     return "ready"
 
@@ -210,12 +214,11 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
     else:
         fields = {"stats": {**rec.stats, "run_attempts": 1}}
     moved = store.transition(session_id, states.RUNNING, expect={states.READY, states.RUNNING},
-                             node=ctx.node, **fields)
+                             node=ctx.node, ready="out", **fields)  # out of READY, its slot freed
     if moved is None:
         return "skipped"
     rec = moved
-    store.take_ready(session_id)
-    if store.is_cancelled(rec.task_id):
+    if lease.task_cancelled:  # read with the lease (PipelineStore.enter_stage)
         return to_postrun(ctx, session_id, states.ERROR, "cancelled")
     remaining = (rec.deadline or time.time()) - time.time()
     if remaining <= 0:
@@ -272,7 +275,8 @@ def _reroute(ctx: StageContext, rec: SessionRecord, task_name: str) -> str:
 
 def to_postrun(ctx: StageContext, session_id: str, outcome: str, error: str | None, **fields: Any) -> str:
     rec = ctx.store.transition(session_id, states.POST_RUN, node=ctx.node, outcome=outcome, error=error,
-                               expect={states.INITIALIZING, states.READY, states.RUNNING}, **fields)
+                               expect={states.INITIALIZING, states.READY, states.RUNNING}, release=True,
+                               **fields)
     if rec is None:
         return "skipped"
     ctx.enqueue(POSTRUN_TASK, session_id)
@@ -344,7 +348,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
             log.exception("teardown failed for %s", session_id)
     if not (ctx.settings.keep_workdirs or task.runtime.keep_workdir):
         remove_workdirs(session_dir(ctx, rec))
-    moved = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward,
+    moved = store.transition(session_id, outcome, node=ctx.node, reward=traj.reward, release=True,
                              error=traj.error, stats={**rec.stats, **traj.stats})
     if moved is None:
         return "skipped"

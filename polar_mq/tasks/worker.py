@@ -11,7 +11,7 @@ from celery.signals import worker_process_init, worker_ready
 from .pipeline_store import PipelineStore
 from ..runtimes import orphans
 from ..settings import PipelineSettings
-from ..store import connect
+from ..store import GatewayStore, connect
 from . import callbacks, stages
 from .celery_app import make_celery
 from .context import GatewayClient, StageContext
@@ -22,6 +22,9 @@ log = logging.getLogger("polar_mq.worker")
 
 settings = PipelineSettings.from_env()
 app = make_celery(settings)
+if not settings.task_log:  # per-task INFO lines off (settings.task_log); before tracers are built
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 _ctx: StageContext | None = None
 
 
@@ -32,7 +35,8 @@ def context() -> StageContext:
         orphans.set_scope(settings.node, settings.redis_url)  # marks the runtimes this process starts
         store = PipelineStore(connect(settings.redis_url, ride_out_outages=60))
         _ctx = StageContext(settings=settings, store=store,
-                            gateway=GatewayClient(settings.gateway_url, settings.gateway_token),
+                            gateway=GatewayClient(settings.gateway_url, settings.gateway_token,
+                                                  direct=GatewayStore(store.r)),  # if shared: context.py
                             enqueue=make_enqueue(app.send_task, store), node=f"{settings.node}:{os.getpid()}")
     return _ctx
 
