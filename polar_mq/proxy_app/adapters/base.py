@@ -17,7 +17,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
 
-import orjson
+try:
+    import orjson
+except ImportError:  # scripts/build_tiny_model.py imports the adapters in the vLLM venv, without
+    orjson = None  # the project's dependencies: sse() then writes with the stdlib
 
 
 # Error kinds and the HTTP status they carry unless a provider says otherwise.
@@ -208,6 +211,8 @@ def sse(data: Any, event: str | None = None) -> bytes:
         payload = data.encode()
     else:
         try:
+            if orjson is None:
+                raise TypeError("orjson is not installed")
             payload = orjson.dumps(data)
         except TypeError:
             payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
