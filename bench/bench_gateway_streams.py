@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
     ap.add_argument("--baseline", default="main",
                     help="git ref whose gateway is measured too, after the direct series ('' to skip)")
+    ap.add_argument("--after-first", action="store_true",
+                    help="measure this tree's gateway before the baseline's (the storms run one after the other)")
     args = ap.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="polar-bench-streams-"))
@@ -173,6 +175,8 @@ def main() -> int:
                 {"role": "user", "content": "hi polar:notool"}]}, 4, 0, {}))
 
         direct = asyncio.run(storm(mport, "/v1/chat/completions", direct_body, args.n, args.ramp, {}))
+        if args.after_first:
+            gateways.reverse()
         d = summary(direct)
         for label, gport, key, cpu in gateways:
             rss_idle = cpu.rss_mib()
