@@ -18,7 +18,12 @@ target, as SDK clients and harnesses hold them):
 Prints p50/p99 latencies, overheads, gateway CPU per call (user+system of the gateway worker
 process over the series, from psutil) and the worker's RSS side by side.
 
-    python bench/bench_gateway.py [-n 200] [--litellm-python /tmp/litellm-venv/bin/python]
+With `--baseline REF` (default main) the gateway of that ref (a `git archive`, first on its
+PYTHONPATH) runs next to this tree's, against the same stand-in and Redis, and every series
+alternates between them in rounds, so both see the same load on a shared box; a last table
+prints the issue-15 goals side by side.
+
+    python bench/bench_gateway.py [-n 200] [--baseline main] [--litellm-python /tmp/litellm-venv/bin/python]
 
 LiteLLM in its own venv: python3 -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install "litellm[proxy]"
 """
@@ -151,12 +156,53 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def export_ref(ref: str, dest: Path) -> Path:
+    """The polar_mq package of git `ref`, extracted under dest (its gateway imports it first)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "polar_mq"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+class Target:
+    """One gateway under test (the baseline ref's code or this tree's), its worker's CPU and key."""
+
+    def __init__(self, label: str, url: str, cpu: Cpu, key: str, session_id: str):
+        self.label, self.url, self.cpu, self.key, self.session_id = label, url, cpu, key, session_id
+
+
+def interleaved(fns: dict[str, Callable[[], requests.Response]], n: int, rounds: int,
+                cpus: dict[str, Cpu | None], warmup: int = 5) -> dict[str, tuple[list[float], float | None]]:
+    """n calls per target, in `rounds` alternating blocks (the order rotates each round), so that
+    the box's load moves every target alike; per target its latencies and CPU ms per call."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn().raise_for_status()
+    lat: dict[str, list[float]] = {k: [] for k in fns}
+    cpu_s: dict[str, float] = {k: 0.0 for k in fns}
+    names = list(fns)
+    per = max(1, n // rounds)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            cpu = cpus.get(name)
+            c0 = cpu.seconds() if cpu else 0.0
+            got, _ = timed(fns[name], per, warmup=0)
+            lat[name].extend(got)
+            if cpu:
+                cpu_s[name] += cpu.seconds() - c0
+    return {k: (lat[k], cpu_s[k] * 1000 / len(lat[k]) if cpus.get(k) else None) for k in fns}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=200, help="requests per small-request series")
     ap.add_argument("--n-large", type=int, default=60, help="requests per 80 KB series")
     ap.add_argument("--n-stream", type=int, default=20, help="long streamed answers")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating blocks per series")
     ap.add_argument("--throughput-seconds", type=float, default=5.0)
+    ap.add_argument("--baseline", default="main",
+                    help="git ref whose gateway runs side by side with this tree's ('' to skip)")
     ap.add_argument("--litellm-python", help="python of a venv with litellm[proxy] installed")
     ap.add_argument("--gateway-arg", action="append", default=[],
                     help="extra argument for `polar-mq gateway` (repeatable)")
@@ -172,22 +218,31 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     redis_server = start_embedded()
     try:
-        mport, gport = free_port(), free_port()
+        mport = free_port()
         upstream = f"http://127.0.0.1:{mport}"
-        with console.status("starting model server and gateway…"):
+        builds: list[tuple[str, dict[str, str]]] = []
+        if args.baseline:
+            old = export_ref(args.baseline, logs / "baseline")
+            builds.append((f"before ({args.baseline})", {"PYTHONPATH": str(old)}))
+        builds.append(("after (this tree)", {}))
+        os.chdir(logs)  # `python -m` puts the cwd first on sys.path: children import what PYTHONPATH says
+        targets: list[Target] = []
+        with console.status("starting model server and gateway(s)…"):
             procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport),
                                 "--max-model-len", "65536"], f"{upstream}/health", logs / "ms.log"))
-            procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
-                                "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
-                                *args.gateway_arg],
-                               f"http://127.0.0.1:{gport}/health", logs / "gw.log"))
-        cpu = Cpu(procs[-1].pid)
-        gateway = f"http://127.0.0.1:{gport}"
-        session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
-        key = session["key"]
+            for i, (label, env) in enumerate(builds):
+                gport = free_port()
+                procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
+                                    "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
+                                    *args.gateway_arg],
+                                   f"http://127.0.0.1:{gport}/health", logs / f"gw{i}.log", env=env))
+                gateway = f"http://127.0.0.1:{gport}"
+                session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
+                targets.append(Target(label, gateway, Cpu(procs[-1].pid), session["key"], session["session_id"]))
         http = requests.Session()  # keep-alive, as SDK clients
         if args.hold:
-            input(f"gateway worker pid(s) {[p.pid for p in cpu.workers()]}; Enter to start timing ")
+            input(f"gateway worker pid(s) {[(t.label, [p.pid for p in t.cpu.workers()]) for t in targets]}; "
+                  "Enter to start timing ")
 
         small_chat = {"model": "stand-in", "max_tokens": 16,
                       "messages": [{"role": "user", "content": "Say hello polar:notool"}]}
@@ -202,55 +257,69 @@ def main() -> int:
                      "messages": [{"role": "user", "content": "Talk polar:long polar:notool"}]}
         assert len(json.dumps(large_anthropic)) > 75_000 and len(json.dumps(replay_anthropic)) > 75_000
         direct_body = lambda b: {**b, "logprobs": True, "return_token_ids": True}  # noqa: E731
-        anthropic_headers = {"anthropic-version": "2023-06-01", "x-api-key": key}
+        direct_url = f"{upstream}/v1/chat/completions"
 
         series: dict[str, list[float]] = {}
         cpu_ms: dict[str, float | None] = {}
+        groups: list[tuple[str, list[str]]] = []  # (size, series names with the direct one first)
 
-        def run(name: str, fn: Callable[[], requests.Response], n: int, measure: bool = False) -> None:
-            series[name], cpu_ms[name] = timed(fn, n, cpu=cpu if measure else None)
+        def run(size: str, n: int, direct: Callable[[], requests.Response],
+                through: Callable[[Target], Callable[[], requests.Response]], what: str,
+                extra: dict[str, Callable[[], requests.Response]] | None = None) -> None:
+            fns: dict[str, Callable[[], requests.Response]] = {f"{size}: upstream direct": direct, **(extra or {})}
+            cpus: dict[str, Cpu | None] = {}
+            for t in targets:
+                fns[f"{size}: {what} {t.label}"] = through(t)
+                cpus[f"{size}: {what} {t.label}"] = t.cpu
+            for name, (lat, c) in interleaved(fns, n, args.rounds, cpus).items():
+                series[name], cpu_ms[name] = lat, c
+            groups.append((size, list(fns)))
 
         with console.status("timing…"):
-            run("small: upstream direct",
-                lambda: http.post(f"{upstream}/v1/chat/completions", json=direct_body(small_chat)), args.n)
             # The gateway streams plain calls from the upstream too (so that it can abort them):
-            # this is what the same call costs the upstream streamed, for reference.
-            run("small: upstream direct streamed (reference)",
-                lambda: http.post(f"{upstream}/v1/chat/completions", json={
-                    **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}}),
-                args.n)
-            run("small: gateway (openai chat)",
-                lambda: http.post(f"{gateway}/s/{key}/v1/chat/completions", json=small_chat), args.n, True)
-            run("replay 82KB: upstream direct",
-                lambda: http.post(f"{upstream}/v1/chat/completions", json=replay_chat), args.n_large)
-            run("replay 82KB: gateway (anthropic)",
-                lambda: http.post(f"{gateway}/v1/messages", json=replay_anthropic, headers=anthropic_headers),
-                args.n_large, True)
-            run("80KB: upstream direct",
-                lambda: http.post(f"{upstream}/v1/chat/completions", json=direct_body(large_chat)), args.n_large)
-            run("80KB: gateway (anthropic)",
-                lambda: http.post(f"{gateway}/s/{key}/v1/messages", json=large_anthropic), args.n_large, True)
+            # what the same call costs the upstream streamed is shown for reference.
+            run("small", args.n, lambda: http.post(direct_url, json=direct_body(small_chat)),
+                lambda t: lambda: http.post(f"{t.url}/s/{t.key}/v1/chat/completions", json=small_chat),
+                "gateway (openai chat)",
+                {"small: upstream direct streamed (reference)": lambda: http.post(direct_url, json={
+                    **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}})})
+            run("replay 82KB", args.n_large, lambda: http.post(direct_url, json=replay_chat),
+                lambda t: lambda: http.post(f"{t.url}/v1/messages", json=replay_anthropic,
+                                            headers={"anthropic-version": "2023-06-01", "x-api-key": t.key}),
+                "gateway (anthropic)")
+            run("80KB", args.n_large, lambda: http.post(direct_url, json=direct_body(large_chat)),
+                lambda t: lambda: http.post(f"{t.url}/s/{t.key}/v1/messages", json=large_anthropic),
+                "gateway (anthropic)")
 
-            # Streaming: gateway CPU per streamed token over long answers.
-            tokens = http.post(f"{upstream}/v1/chat/completions",
-                               json={**long_chat, "stream": False}).json()["usage"]["completion_tokens"]
-            for _ in range(3):
-                http.post(f"{gateway}/s/{key}/v1/chat/completions", json=long_chat).content
-            c0 = cpu.seconds()
-            t0 = time.perf_counter()
-            for _ in range(args.n_stream):
-                resp = http.post(f"{gateway}/s/{key}/v1/chat/completions", json=long_chat)
-                assert resp.status_code == 200 and b"[DONE]" in resp.content, resp.text[:300]
-            stream_wall = (time.perf_counter() - t0) / args.n_stream * 1000
-            stream_cpu = (cpu.seconds() - c0) * 1000 / args.n_stream
+            # Streaming: gateway CPU per streamed token over long answers, alternating targets.
+            tokens = http.post(direct_url, json={**long_chat, "stream": False}).json()["usage"]["completion_tokens"]
+            stream_cpu = {t.label: 0.0 for t in targets}
+            stream_wall = {t.label: 0.0 for t in targets}
+            for t in targets:
+                for _ in range(3):
+                    http.post(f"{t.url}/s/{t.key}/v1/chat/completions", json=long_chat).content
+            for r in range(args.rounds):
+                for t in targets[r % len(targets):] + targets[:r % len(targets)]:
+                    c0, t0 = t.cpu.seconds(), time.perf_counter()
+                    for _ in range(max(1, args.n_stream // args.rounds)):
+                        resp = http.post(f"{t.url}/s/{t.key}/v1/chat/completions", json=long_chat)
+                        assert resp.status_code == 200 and b"[DONE]" in resp.content, resp.text[:300]
+                    stream_wall[t.label] += time.perf_counter() - t0
+                    stream_cpu[t.label] += t.cpu.seconds() - c0
+            n_streams = max(1, args.n_stream // args.rounds) * args.rounds
+            stream_cpu = {k: v * 1000 / n_streams for k, v in stream_cpu.items()}
+            stream_wall = {k: v * 1000 / n_streams for k, v in stream_wall.items()}
 
-            tput_direct = throughput(f"{upstream}/v1/chat/completions", direct_body(small_chat),
-                                     args.throughput_seconds)
-            c0 = cpu.seconds()
-            t0 = time.perf_counter()
-            tput = throughput(f"{gateway}/s/{key}/v1/chat/completions", small_chat, args.throughput_seconds)
-            tput_cpu = (cpu.seconds() - c0) / (time.perf_counter() - t0)
-            rss = cpu.rss_mib()
+            tput_direct = throughput(direct_url, direct_body(small_chat), args.throughput_seconds)
+            tput = {t.label: 0.0 for t in targets}
+            tput_cpu = {t.label: 0.0 for t in targets}
+            for r in range(2):  # two alternating halves each
+                for t in targets[r % len(targets):] + targets[:r % len(targets)]:
+                    c0, t0 = t.cpu.seconds(), time.perf_counter()
+                    tput[t.label] += throughput(f"{t.url}/s/{t.key}/v1/chat/completions", small_chat,
+                                                args.throughput_seconds / 2) / 2
+                    tput_cpu[t.label] += (t.cpu.seconds() - c0) / (time.perf_counter() - t0) / 2
+            rss = {t.label: t.cpu.rss_mib() for t in targets}
 
             if args.litellm_python:
                 lport = free_port()
@@ -270,57 +339,89 @@ def main() -> int:
                                    env={"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR",
                                         "LITELLM_MASTER_KEY": "sk-polar-bench-0123456789abcdef0123456789"}))
                 lit = f"http://127.0.0.1:{lport}"
-                run("small: litellm (openai chat)",
-                    lambda: http.post(f"{lit}/v1/chat/completions", json=small_chat,
-                                      headers={"Authorization": "Bearer sk-polar-bench-0123456789abcdef0123456789"}), args.n)
-                run("80KB: litellm (anthropic)",
-                    lambda: http.post(f"{lit}/v1/messages", json=large_anthropic,
-                                      headers={"x-api-key": "sk-polar-bench-0123456789abcdef0123456789",
-                                               "anthropic-version": "2023-06-01"}),
-                    args.n_large)
+                lkey = "sk-polar-bench-0123456789abcdef0123456789"
+                for name, (lat, c) in interleaved({
+                        "small: upstream direct (litellm run)": lambda: http.post(direct_url, json=direct_body(small_chat)),
+                        "small: litellm (openai chat)": lambda: http.post(
+                            f"{lit}/v1/chat/completions", json=small_chat, headers={"Authorization": f"Bearer {lkey}"})},
+                        args.n, args.rounds, {}).items():
+                    series[name], cpu_ms[name] = lat, c
+                for name, (lat, c) in interleaved({
+                        "80KB: upstream direct (litellm run)": lambda: http.post(direct_url, json=direct_body(large_chat)),
+                        "80KB: litellm (anthropic)": lambda: http.post(
+                            f"{lit}/v1/messages", json=large_anthropic,
+                            headers={"x-api-key": lkey, "anthropic-version": "2023-06-01"})},
+                        args.n_large, args.rounds, {}).items():
+                    series[name], cpu_ms[name] = lat, c
+                groups.append(("small", ["small: upstream direct (litellm run)", "small: litellm (openai chat)"]))
+                groups.append(("80KB", ["80KB: upstream direct (litellm run)", "80KB: litellm (anthropic)"]))
 
-        calls = http.get(f"{gateway}/sessions/{session['session_id']}/calls", headers=auth_headers(), timeout=30).json()["calls"]
-        table = Table(title=f"gateway per-call overhead (sequential, keep-alive, {os.cpu_count()} cores)",
-                      min_width=150)
+        recorded = {t.label: http.get(f"{t.url}/sessions/{t.session_id}/calls", headers=auth_headers(),
+                                      timeout=60).json()["calls"] for t in targets}
+        table = Table(title=f"gateway per-call overhead (sequential, keep-alive, {args.rounds} alternating "
+                      f"rounds, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})", min_width=150)
         for col in ("series", "n", "p50 ms", "p99 ms", "p50 overhead ms", "p99 overhead ms",
                     "p50 ratio", "gateway CPU ms/call"):
             table.add_column(col, justify="left" if col == "series" else "right")
         rows: dict[str, Any] = {}
-        for name, values in series.items():
-            size = name.split(":")[0]
-            base = series[f"{size}: upstream direct"]
-            p50, p99, b50, b99 = pct(values, .5), pct(values, .99), pct(base, .5), pct(base, .99)
-            direct = name.endswith("upstream direct")
-            rows[name] = {"n": len(values), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
-                          "overhead_p50_ms": round(p50 - b50, 2), "overhead_p99_ms": round(p99 - b99, 2),
-                          "ratio_p50": round(p50 / b50, 3),
-                          "cpu_ms_per_call": None if cpu_ms[name] is None else round(cpu_ms[name], 3)}
-            table.add_row(name, str(len(values)), f"{p50:.2f}", f"{p99:.2f}",
-                          "—" if direct else f"{p50 - b50:+.2f}", "—" if direct else f"{p99 - b99:+.2f}",
-                          "1.00×" if direct else f"{p50 / b50:.2f}×",
-                          "—" if cpu_ms[name] is None else f"{cpu_ms[name]:.2f}")
+        for size, names in groups:
+            base = series[names[0]]
+            b50, b99 = pct(base, .5), pct(base, .99)
+            for name in names:
+                values = series[name]
+                p50, p99 = pct(values, .5), pct(values, .99)
+                direct = name == names[0]
+                rows[name] = {"n": len(values), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
+                              "overhead_p50_ms": round(p50 - b50, 2), "overhead_p99_ms": round(p99 - b99, 2),
+                              "ratio_p50": round(p50 / b50, 3),
+                              "cpu_ms_per_call": None if cpu_ms[name] is None else round(cpu_ms[name], 3)}
+                table.add_row(name, str(len(values)), f"{p50:.2f}", f"{p99:.2f}",
+                              "—" if direct else f"{p50 - b50:+.2f}", "—" if direct else f"{p99 - b99:+.2f}",
+                              "1.00×" if direct else f"{p50 / b50:.2f}×",
+                              "—" if cpu_ms[name] is None else f"{cpu_ms[name]:.2f}")
+            table.add_section()
         console.print(table)
-        rows["stream"] = {"tokens_per_answer": tokens, "wall_ms_per_answer": round(stream_wall, 2),
-                          "cpu_ms_per_answer": round(stream_cpu, 2),
-                          "cpu_ms_per_token": round(stream_cpu / tokens, 4)}
-        rows["throughput"] = {"direct_calls_s": round(tput_direct, 1), "gateway_calls_s": round(tput, 1),
-                              "gateway_cpu_cores": round(tput_cpu, 2),
-                              "gateway_capacity_calls_s_per_core": round(
-                                  1000 / cpu_ms["small: gateway (openai chat)"], 1)}
-        rows["rss_mib"] = round(rss, 1)
-        console.print(f"streamed answer of {tokens} tokens: gateway CPU {stream_cpu:.2f} ms "
-                      f"({stream_cpu / tokens:.4f} ms/token), wall {stream_wall:.1f} ms")
-        console.print(f"throughput, 8 keep-alive clients, small chat: direct {tput_direct:.0f}/s, "
-                      f"gateway {tput:.0f}/s (gateway worker busy {tput_cpu:.2f} cores; CPU-bound "
-                      f"capacity {1000 / cpu_ms['small: gateway (openai chat)']:.0f} calls/s per core)")
-        console.print(f"gateway worker RSS {rss:.1f} MiB")
+
+        goals = Table(title="issue 15 goals, side by side (same run)", min_width=110)
+        goals.add_column("goal", justify="left")
+        for t in targets:
+            goals.add_column(t.label, justify="right")
+        goals.add_column("target", justify="right")
+        row = lambda what, vals, target: goals.add_row(what, *vals, target)  # noqa: E731
+        get = lambda name, t, f: rows[f"{name} {t.label}"][f]  # noqa: E731
+        row("small chat overhead p50 ms", [f"{get('small: gateway (openai chat)', t, 'overhead_p50_ms'):+.2f}"
+                                           for t in targets], "≤ 1")
+        row("small chat gateway CPU ms/call", [f"{get('small: gateway (openai chat)', t, 'cpu_ms_per_call'):.2f}"
+                                               for t in targets], "")
+        row("82 KB Claude Code overhead p50 ms", [f"{get('replay 82KB: gateway (anthropic)', t, 'overhead_p50_ms'):+.2f}"
+                                                  for t in targets], "≤ 5")
+        row("82 KB Claude Code gateway CPU ms/call", [f"{get('replay 82KB: gateway (anthropic)', t, 'cpu_ms_per_call'):.2f}"
+                                                      for t in targets], "≤ 3")
+        row("80 KB synthetic overhead p50 ms", [f"{get('80KB: gateway (anthropic)', t, 'overhead_p50_ms'):+.2f}"
+                                                for t in targets], "≤ 5")
+        row("80 KB synthetic gateway CPU ms/call", [f"{get('80KB: gateway (anthropic)', t, 'cpu_ms_per_call'):.2f}"
+                                                    for t in targets], "")
+        row(f"streaming CPU ms/token ({tokens}-token answers)",
+            [f"{stream_cpu[t.label] / tokens:.4f}" for t in targets], "≤ 0.05")
+        row(f"small calls/s, 8 clients (direct {tput_direct:.0f}/s)", [f"{tput[t.label]:.0f}" for t in targets], "≥ 300")
+        row("CPU-bound small calls/s per core", [f"{1000 / get('small: gateway (openai chat)', t, 'cpu_ms_per_call'):.0f}"
+                                                 for t in targets], "")
+        row("worker RSS MiB", [f"{rss[t.label]:.1f}" for t in targets], "≤ 150")
+        row("calls recorded with token ids", [f"{len(recorded[t.label])} "
+                                              f"{all(c['prompt_token_ids'] for c in recorded[t.label])}"
+                                              for t in targets], "")
+        console.print(goals)
+        for t in targets:
+            rows[f"stream {t.label}"] = {"tokens_per_answer": tokens, "wall_ms_per_answer": round(stream_wall[t.label], 2),
+                                         "cpu_ms_per_answer": round(stream_cpu[t.label], 2),
+                                         "cpu_ms_per_token": round(stream_cpu[t.label] / tokens, 4)}
+            rows[f"throughput {t.label}"] = {"gateway_calls_s": round(tput[t.label], 1),
+                                             "gateway_cpu_cores": round(tput_cpu[t.label], 2)}
+            rows[f"rss_mib {t.label}"] = round(rss[t.label], 1)
+        rows["throughput direct_calls_s"] = round(tput_direct, 1)
         if "80KB: litellm (anthropic)" in series:
-            g = rows["80KB: gateway (anthropic)"]["overhead_p50_ms"]
             lt = rows["80KB: litellm (anthropic)"]["overhead_p50_ms"]
-            console.print(f"80 KB Anthropic overhead: polar_mq {g:.2f} ms vs LiteLLM {lt:.2f} ms "
-                          f"({lt / g if g > 0 else float('inf'):.1f}× less overhead)")
-        console.print(f"gateway recorded {len(calls)} calls with token ids: "
-                      f"{all(c['prompt_token_ids'] for c in calls)}")
+            console.print(f"80 KB Anthropic overhead: LiteLLM {lt:+.2f} ms")
         print(json.dumps(rows))
     finally:
         for p in procs:

@@ -5,14 +5,15 @@ Starts an embedded Redis, the stand-in model server streaming slowly (`--token-l
 token, and `polar:sleep=S` before the first token, so every stream is open at the same time)
 and the gateway (gunicorn as shipped, ONE worker process; `--worker-class` picks gevent or
 gthread). An asyncio client opens N streams (openai chat, `stream: true`) at once, first to the
-upstream, then through the gateway, and reports per series:
+upstream, then through the gateway of `--baseline REF` (default main: a `git archive` of it first on
+that gateway's PYTHONPATH), then through this tree's, and reports per series:
   * how many streams were open at the same time (peak) and how many failed,
   * time to first token (the first frame carrying content) p50/p99, and the gateway's overhead
     over the direct series at each percentile,
   * the gateway worker's CPU per streamed token and its RSS before/at the peak (memory per open
     stream = the difference / N).
 
-    python bench/bench_gateway_streams.py [-n 1024] [--ramp 20] [--sleep 25] [--tokens 16] [--token-latency-ms 150]
+    python bench/bench_gateway_streams.py [-n 1024] [--baseline main] [--ramp 20] [--sleep 25] [--tokens 16] [--token-latency-ms 150]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import tempfile
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gateway import Cpu, pct, spawn  # noqa: E402
+from bench_gateway import Cpu, export_ref, pct, spawn  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.tokens import auth_headers  # noqa: E402
@@ -125,13 +127,24 @@ def main() -> int:
     ap.add_argument("--worker-class", choices=["gevent", "gthread"],
                     help="gateway worker model (default: the gateway's default, gevent)")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
+    ap.add_argument("--baseline", default="main",
+                    help="git ref whose gateway is measured too, after the direct series ('' to skip)")
+    ap.add_argument("--after-first", action="store_true",
+                    help="measure this tree's gateway before the baseline's (the storms run one after the other)")
     args = ap.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="polar-bench-streams-"))
     procs = []
     redis_server = start_embedded()
+    builds: list[tuple[str, dict[str, str]]] = []
+    if args.baseline:
+        old = export_ref(args.baseline, logs / "baseline")
+        builds.append((f"before ({args.baseline})", {"PYTHONPATH": str(old)}))
+    builds.append(("after (this tree)", {}))
+    os.chdir(logs)  # `python -m` puts the cwd first on sys.path: children import what PYTHONPATH says
+    results: list[dict[str, Any]] = []
     try:
-        mport, gport = free_port(), free_port()
+        mport = free_port()
         upstream = f"http://127.0.0.1:{mport}"
         # The stand-in's werkzeug server listens with a backlog of 128: past that, connections
         # wait for SYN retries (1 s, 3 s, ...). vLLM (uvicorn) listens with 2048; so does this.
@@ -140,13 +153,16 @@ def main() -> int:
         procs.append(spawn([sys.executable, "-c", launch, "--port", str(mport),
                             "--token-latency-ms", str(args.token_latency_ms)], f"{upstream}/health",
                            logs / "ms.log"))
-        procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
-                            "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
-                            *(["--worker-class", args.worker_class] if args.worker_class else [])],
-                           f"http://127.0.0.1:{gport}/health", logs / "gw.log"))
-        cpu = Cpu(procs[-1].pid)
-        key = requests.post(f"http://127.0.0.1:{gport}/sessions", headers=auth_headers(), json={},
-                            timeout=10).json()["key"]
+        gateways = []
+        for i, (label, env) in enumerate(builds):
+            gport = free_port()
+            procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
+                                "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
+                                *(["--worker-class", args.worker_class] if args.worker_class else [])],
+                               f"http://127.0.0.1:{gport}/health", logs / f"gw{i}.log", env=env))
+            key = requests.post(f"http://127.0.0.1:{gport}/sessions", headers=auth_headers(), json={},
+                                timeout=10).json()["key"]
+            gateways.append((label, gport, key, Cpu(procs[-1].pid)))
         body = {"model": "stand-in", "max_tokens": args.tokens, "stream": True,
                 "messages": [{"role": "user", "content": f"Talk polar:long polar:notool polar:sleep={args.sleep}"}]}
         direct_body = {**body, "logprobs": True, "return_token_ids": True,
@@ -154,54 +170,62 @@ def main() -> int:
         # warm-up: a few streams each way (connections, imports, first records)
         asyncio.run(storm(mport, "/v1/chat/completions", {**direct_body, "messages": [
             {"role": "user", "content": "hi polar:notool"}]}, 4, 0, {}))
-        asyncio.run(storm(gport, f"/s/{key}/v1/chat/completions", {**body, "messages": [
-            {"role": "user", "content": "hi polar:notool"}]}, 4, 0, {}))
+        for _, gport, key, _ in gateways:
+            asyncio.run(storm(gport, f"/s/{key}/v1/chat/completions", {**body, "messages": [
+                {"role": "user", "content": "hi polar:notool"}]}, 4, 0, {}))
 
         direct = asyncio.run(storm(mport, "/v1/chat/completions", direct_body, args.n, args.ramp, {}))
-        rss_idle = cpu.rss_mib()
-        peak_rss = [rss_idle]
-        stop = threading.Event()
+        if args.after_first:
+            gateways.reverse()
+        d = summary(direct)
+        for label, gport, key, cpu in gateways:
+            rss_idle = cpu.rss_mib()
+            peak_rss = [rss_idle]
+            stop = threading.Event()
 
-        def sample() -> None:
-            while not stop.wait(0.2):
-                peak_rss.append(cpu.rss_mib())
+            def sample() -> None:
+                while not stop.wait(0.2):
+                    peak_rss.append(cpu.rss_mib())
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        c0 = cpu.seconds()
-        through = asyncio.run(storm(gport, f"/s/{key}/v1/chat/completions", body, args.n, args.ramp, {}))
-        gw_cpu = cpu.seconds() - c0
-        stop.set()
-        sampler.join()
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            c0 = cpu.seconds()
+            through = asyncio.run(storm(gport, f"/s/{key}/v1/chat/completions", body, args.n, args.ramp, {}))
+            gw_cpu = cpu.seconds() - c0
+            stop.set()
+            sampler.join()
+            g = summary(through)
+            tokens = g["ok"] * args.tokens
+            results.append({
+                "label": label, "worker_class": args.worker_class or "default", "streams": args.n,
+                "direct": d, "gateway": g,
+                "ttft_overhead_p50_ms": round(g["ttft_p50_ms"] - d["ttft_p50_ms"], 1) if g["ok"] and d["ok"] else None,
+                "ttft_overhead_p99_ms": round(g["ttft_p99_ms"] - d["ttft_p99_ms"], 1) if g["ok"] and d["ok"] else None,
+                "gateway_cpu_s": round(gw_cpu, 2),
+                "gateway_cpu_ms_per_token": round(gw_cpu * 1000 / tokens, 4) if tokens else None,
+                "rss_idle_mib": round(rss_idle, 1), "rss_peak_mib": round(max(peak_rss), 1),
+                "rss_kib_per_open_stream": round((max(peak_rss) - rss_idle) * 1024 / max(1, g["peak_open"]), 1),
+            })
     finally:
         for p in procs:
             p.terminate()
         redis_server.stop()
 
-    d, g = summary(direct), summary(through)
-    tokens = g["ok"] * args.tokens
-    result = {
-        "worker_class": args.worker_class or "default", "streams": args.n,
-        "direct": d, "gateway": g,
-        "ttft_overhead_p50_ms": round(g["ttft_p50_ms"] - d["ttft_p50_ms"], 1) if g["ok"] and d["ok"] else None,
-        "ttft_overhead_p99_ms": round(g["ttft_p99_ms"] - d["ttft_p99_ms"], 1) if g["ok"] and d["ok"] else None,
-        "gateway_cpu_s": round(gw_cpu, 2),
-        "gateway_cpu_ms_per_token": round(gw_cpu * 1000 / tokens, 4) if tokens else None,
-        "rss_idle_mib": round(rss_idle, 1), "rss_peak_mib": round(max(peak_rss), 1),
-        "rss_kib_per_open_stream": round((max(peak_rss) - rss_idle) * 1024 / max(1, g["peak_open"]), 1),
-    }
     if not args.json:
-        print(f"{args.n} concurrent streams, 1 gateway worker ({args.worker_class or 'default'}), "
+        print(f"{args.n} concurrent streams, 1 gateway worker ({args.worker_class or 'default'}) per build, "
               f"upstream sleeps {args.sleep:g} s then {args.tokens} tokens at {args.token_latency_ms:g} ms")
-        print(f"{'series':10s} {'ok':>6s} {'failed':>6s} {'peak open':>9s} {'TTFT p50 ms':>12s} {'TTFT p99 ms':>12s}")
-        for name, s in (("direct", d), ("gateway", g)):
-            print(f"{name:10s} {s['ok']:6d} {s['failed']:6d} {s['peak_open']:9d} {s['ttft_p50_ms']!s:>12s} "
-                  f"{s['ttft_p99_ms']!s:>12s}")
-        print(f"TTFT overhead: p50 {result['ttft_overhead_p50_ms']} ms, p99 {result['ttft_overhead_p99_ms']} ms; "
-              f"gateway CPU {result['gateway_cpu_ms_per_token']} ms/token; RSS {result['rss_idle_mib']} → "
-              f"{result['rss_peak_mib']} MiB ({result['rss_kib_per_open_stream']} KiB per open stream)")
-    print(json.dumps(result))
-    return 0 if g["failed"] == 0 else 1
+        print(f"{'series':22s} {'ok':>6s} {'failed':>6s} {'peak open':>9s} {'TTFT p50 ms':>12s} {'TTFT p99 ms':>12s} "
+              f"{'ovh p50':>8s} {'ovh p99':>8s} {'CPU ms/tok':>10s} {'RSS MiB':>14s} {'KiB/stream':>10s}")
+        print(f"{'direct':22s} {d['ok']:6d} {d['failed']:6d} {d['peak_open']:9d} {d['ttft_p50_ms']!s:>12s} "
+              f"{d['ttft_p99_ms']!s:>12s}")
+        for r in results:
+            g = r["gateway"]
+            print(f"{r['label']:22s} {g['ok']:6d} {g['failed']:6d} {g['peak_open']:9d} {g['ttft_p50_ms']!s:>12s} "
+                  f"{g['ttft_p99_ms']!s:>12s} {r['ttft_overhead_p50_ms']!s:>8s} {r['ttft_overhead_p99_ms']!s:>8s} "
+                  f"{r['gateway_cpu_ms_per_token']!s:>10s} {r['rss_idle_mib']:>6} → {r['rss_peak_mib']:<6} "
+                  f"{r['rss_kib_per_open_stream']:>10}")
+    print(json.dumps(results))
+    return 0 if all(r["gateway"]["failed"] == 0 for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ Decoding gives back exactly the record that was encoded; `GET /sessions/<id>/cal
 from __future__ import annotations
 
 import hashlib
+import threading
 import zlib
+from array import array
 from typing import Any
 
 import msgpack
@@ -34,6 +36,33 @@ ENVELOPE_MAGIC = b"\xc1\x01"  # 0xc1 is never used by msgpack: old whole-record 
 _RAW, _ZLIB = b"m", b"z"
 
 Chunks = dict[bytes, bytes]  # digest -> stored (maybe compressed) bytes
+
+
+class BlockDigests:
+    """Digests of prompt-id blocks this process encoded, keyed by a BLAKE2b-128 of the block's
+    raw uint32 bytes. Every call of a session re-sends the conversation so far, so its prompt
+    ids repeat the blocks of the call before: packing and hashing each 256-id block again was
+    ~0.4 ms per call on a 20k-id prompt (msgpack + BLAKE2b per block; py-spy --gil put
+    `Encoder.ids` at 11.6% of the gateway's CPU on the 82 KB Claude Code request), hashing the
+    raw bytes is ~10x cheaper. The key is a cryptographic hash of the exact ids, so a hit names
+    the same chunk bytes; bounded (cleared when full: ~200 B per entry)."""
+
+    def __init__(self, max_entries: int = 32768):
+        self.max_entries = max_entries
+        self._map: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._map.get(key)
+
+    def put(self, key: bytes, digest: bytes) -> None:
+        with self._lock:
+            if len(self._map) >= self.max_entries:
+                self._map.clear()
+            self._map[key] = digest
+
+
+BLOCKS = BlockDigests()
 
 
 def _pack(obj: Any) -> bytes:
@@ -80,9 +109,29 @@ class Encoder:
         return [self.ref(v) for v in values]
 
     def ids(self, ids: list[int]) -> list[Any]:
-        """Prompt ids as shared blocks (aligned at 0) and an inline tail."""
+        """Prompt ids as shared blocks (aligned at 0) and an inline tail. A block whose digest
+        this process knows (BLOCKS) and whose chunk is stored for this session is referenced
+        without packing it again."""
         full = len(ids) - len(ids) % ID_BLOCK
-        out: list[Any] = [self.ref(ids[i:i + ID_BLOCK]) for i in range(0, full, ID_BLOCK)]
+        try:
+            raw: memoryview | None = memoryview(array("I", ids[:full]).tobytes())
+        except (OverflowError, TypeError):  # not uint32 token ids: the plain way
+            raw = None
+        out: list[Any] = []
+        step = ID_BLOCK * 4
+        for n, i in enumerate(range(0, full, ID_BLOCK)):
+            key = None
+            if raw is not None:
+                key = hashlib.blake2b(raw[n * step:(n + 1) * step], digest_size=16).digest()
+                digest = BLOCKS.get(key)
+                if digest is not None and (digest in self.known or digest in self.chunks):
+                    self.used.add(digest)
+                    out.append(digest)
+                    continue
+            ref = self.ref(ids[i:i + ID_BLOCK])
+            if key is not None and isinstance(ref, bytes):
+                BLOCKS.put(key, ref)
+            out.append(ref)
         out.extend(ids[full:])
         return out
 

@@ -215,4 +215,8 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
         err = GatewayError("internal", f"gateway internal error: {type(exc).__name__}: {redact(str(exc))}")
         return error_response(adapter(provider_for_path(request.path)), err)
 
+    # Provider calls skip Flask (fastpath.py: the same handling as provider_route, without the
+    # per-request framework cost); everything else, and anything it does not take, is Flask's.
+    from .fastpath import FastPath
+    app.wsgi_app = FastPath(app.wsgi_app, gw, settings.max_body_bytes)  # type: ignore[method-assign]
     return app

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("polar_mq.calls")
 
 CLIENT_GONE = "the client closed its connection"
+YIELD_EVERY = 0.002  # s: the longest a stream reader with data always buffered runs without yielding
 SESSION_CANCELLED = "the session was cancelled"
 
 
@@ -201,6 +202,7 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
     """Feed an open upstream stream into `acc` to its end or until the call is aborted (the
     connection is closed at once, which is how vLLM learns to stop); returns the abort error."""
     call.on_abort(handle.close)
+    last_yield = time.monotonic()
     try:
         for chunk in handle.chunks():
             events = acc.feed(chunk)
@@ -210,8 +212,13 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
                 break
             # Let the others run: under the gevent worker a reader whose socket always has data
             # buffered never blocks, so it would starve the call watcher (cancel, client gone) and
-            # the other streams of its process until the generation ends.
-            time.sleep(0)
+            # the other streams of its process until the generation ends. At least every
+            # YIELD_EVERY s of reading, not after every chunk: a switch per chunk was a hub round
+            # per token, and the writer then wrote each token on its own (one send per frame).
+            now = time.monotonic()
+            if now - last_yield >= YIELD_EVERY:
+                time.sleep(0)
+                last_yield = time.monotonic()
     except GatewayError:
         if call.reason is None:
             raise

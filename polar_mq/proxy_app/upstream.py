@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from . import fastjson
+from . import fastjson, http11
 from .adapters.base import ChatResult, GatewayError
 # The wire codec (pure) lives in vllm_wire.py; these names stay importable from here.
 from .vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator, _prompt_ids,  # noqa: F401
@@ -72,7 +72,7 @@ class NoStreamIds(Exception):
 class UpstreamStream:
     """An open streaming chat completion: its SSE `data:` payloads, parsed, as they arrive."""
 
-    def __init__(self, resp: requests.Response, url: str):
+    def __init__(self, resp: requests.Response | http11.Response, url: str):
         self.resp = resp
         self.url = url
         self.done = False
@@ -136,7 +136,7 @@ def _stream_failure(url: str, exc: BaseException) -> GatewayError:
     return GatewayError("upstream_error", f"upstream {url} stream broke: {text}")
 
 
-def error_message(resp: requests.Response) -> str:
+def error_message(resp: requests.Response | http11.Response) -> str:
     """The message of a vLLM error body (old flat shape or the newer {"error": {...}})."""
     try:
         body = resp.json()
@@ -192,6 +192,11 @@ class UpstreamPool:
         adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=1024)  # kept-alive connections reused per upstream (≥ the open streams)
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
+        # Generations go through the lean client (http11.py) to plain-http upstreams that no
+        # environment proxy applies to; https and proxied upstreams keep requests.
+        self.lean = http11.Http11Pool(connect_timeout=connect_timeout, timeout=timeout, max_idle=1024)
+        self._lean = {u.root: u.root.startswith("http://") and not requests.utils.get_environ_proxies(u.root)
+                      for u in self.upstreams}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_retry: Callable[[str, GatewayError], None] | None = None  # live metrics (metrics.py)
@@ -224,7 +229,20 @@ class UpstreamPool:
         raise answered or last
 
     def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False,
-              path: str = CHAT_PATH) -> requests.Response:
+              path: str = CHAT_PATH) -> requests.Response | http11.Response:
+        if self._lean.get(up.root):
+            try:
+                resp = self.lean.request("POST", up.root, path, fastjson.dumps(body), JSON_HEADERS)
+                if not stream:
+                    resp.content  # noqa: B018 - the whole answer now, as requests reads it
+                return resp
+            except http11.ReadTimeout:
+                raise GatewayError("upstream_timeout",
+                                   f"upstream {up.root} did not answer within {self.timeout:g} s") from None
+            except http11.HttpError as exc:
+                up.healthy, up.last_error = False, str(exc)
+                raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
+                             answered=False) from exc
         try:
             return self.http.post(f"{up.root}{path}", data=fastjson.dumps(body), headers=JSON_HEADERS,
                                   stream=stream, timeout=(self.connect_timeout, self.timeout))
@@ -454,6 +472,7 @@ class UpstreamPool:
     def close(self) -> None:
         self._stop.set()
         self.http.close()
+        self.lean.close()
 
     def describe(self) -> list[dict[str, Any]]:
         return [u.describe() for u in self.upstreams]

@@ -246,17 +246,31 @@ def map_client_error(status: int, message: str) -> GatewayError:
 
 class SseParser:
     """SSE bytes in, `data:` payloads out (multi-line data joined; comments, event: and id:
-    lines carry nothing for completions)."""
+    lines carry nothing for completions). Lines are cut by position from one buffer: splitting
+    off each line copied the rest of the buffer once per line (quadratic in the lines a read
+    brings, and a first chunk with 20k prompt ids spans several reads)."""
 
     def __init__(self) -> None:
         self._buf = b""
+        self._pos = 0  # where the unread part of _buf starts
+        self._scanned = 0  # no newline in _buf[_pos:_scanned]
         self._data: list[bytes] = []
 
     def feed(self, piece: bytes) -> Iterator[bytes]:
-        self._buf += piece
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            line = line.rstrip(b"\r")
+        if self._pos:
+            self._buf, self._scanned = self._buf[self._pos:] + piece, self._scanned - self._pos
+            self._pos = 0
+        else:
+            self._buf += piece
+        while True:
+            end = self._buf.find(b"\n", self._scanned)
+            if end < 0:
+                self._scanned = len(self._buf)
+                return
+            line = self._buf[self._pos:end]
+            self._pos = self._scanned = end + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
             if not line:
                 if self._data:
                     data, self._data = b"\n".join(self._data), []

@@ -17,6 +17,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
 
+try:
+    import orjson
+except ImportError:  # scripts/build_tiny_model.py imports the adapters in the vLLM venv, without
+    orjson = None  # the project's dependencies: sse() then writes with the stdlib
+
 
 # Error kinds and the HTTP status they carry unless a provider says otherwise.
 ERROR_STATUS = {
@@ -199,10 +204,19 @@ class StreamTranslator:
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
-    """One server-sent-event frame. `data` is JSON-encoded unless it is already a string."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    """One server-sent-event frame. `data` is JSON-encoded unless it is already a string: with
+    orjson (compact UTF-8, as json.dumps(ensure_ascii=False) writes it; json.dumps was ~7% of the
+    gateway's CPU per streamed token, py-spy), the stdlib for what orjson refuses."""
+    if isinstance(data, str):
+        payload = data.encode()
+    else:
+        try:
+            if orjson is None:
+                raise TypeError("orjson is not installed")
+            payload = orjson.dumps(data)
+        except TypeError:
+            payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return (b"event: " + event.encode() + b"\ndata: " if event else b"data: ") + payload + b"\n\n"
 
 
 # A comment frame: every SSE parser (the official SDKs, the CLIs) ignores it, so it is safe to

@@ -1,0 +1,168 @@
+"""The provider endpoints (Anthropic Messages, OpenAI Chat and Responses, their token counts) as a
+plain WSGI layer in front of the Flask app, which keeps everything else (sessions API, Gemini,
+health, metrics, token text, and every request this layer does not take).
+
+Why: Flask and werkzeug per request (request context, URL map, before-request hooks, the
+Response object, jsonify with the stdlib encoder) were ~15% of the gateway worker's CPU on a
+call (py-spy --gil, bench/bench_gateway.py); the provider endpoints need none of it. This layer
+does exactly what app.py's `provider_route` does — key from the /s/<key> prefix or the SDK's
+header, cached key resolution, the body checks of `read_json`, `Gateway.generate` /
+`count_tokens`, errors in the provider's shape, an unexpected exception logged and answered
+as app.py's error handler answers it — and serialises replies with orjson (compact UTF-8 JSON,
+key order kept; the stdlib's ASCII escapes are the only difference on the wire).
+
+It takes only POSTs to those exact paths with a Content-Length (a chunked upload goes through
+Flask, whose MAX_CONTENT_LENGTH handling it relies on) and leaves all else to Flask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+from typing import Any, Callable, Iterable
+from urllib.parse import parse_qsl
+
+import orjson
+
+from .. import jsonsafe
+from ..tokens import redact
+from . import fastjson
+from .adapters.base import GatewayError
+from .calls import client_socket
+from .core import CallContext, Gateway, JsonReply, StreamReply, adapter, error_reply
+
+log = logging.getLogger("polar_mq.gateway")
+
+# path (after an optional /s/<key> prefix) -> (provider, whether it counts tokens)
+ROUTES: dict[str, tuple[str, bool]] = {
+    "/v1/messages": ("anthropic", False),
+    "/v1/messages/count_tokens": ("anthropic", True),
+    "/v1/chat/completions": ("openai_chat", False),
+    "/chat/completions": ("openai_chat", False),
+    "/v1/responses": ("openai_responses", False),
+    "/v1/responses/input_tokens": ("openai_responses", True),
+}
+
+
+def _status(code: int) -> str:
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return f"{code} UNKNOWN"
+
+
+def _json(body: Any) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # what orjson cannot write (a >64-bit int, a non-str key): the stdlib's way
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+class FastPath:
+    """WSGI middleware: provider calls here, everything else to `app` (Flask's wsgi_app)."""
+
+    def __init__(self, app: Callable, gw: Gateway, max_body_bytes: int):
+        self.app = app
+        self.gw = gw
+        self.max_body_bytes = max_body_bytes
+
+    def route(self, environ: dict[str, Any]) -> tuple[str | None, str, bool] | None:
+        """(key from the URL, provider, count) for a request this layer takes, else None."""
+        if environ.get("REQUEST_METHOD") != "POST":
+            return None
+        if not environ.get("CONTENT_LENGTH") or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return None
+        path = environ.get("PATH_INFO", "")
+        key = None
+        if path.startswith("/s/"):
+            key, sep, rest = path[3:].partition("/")
+            if not key or not sep:
+                return None
+            path = "/" + rest
+        found = ROUTES.get(path)
+        if found is None:
+            return None
+        return key, found[0], found[1]
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        routed = self.route(environ)
+        if routed is None:
+            return self.app(environ, start_response)
+        url_key, provider, count = routed
+        mod = adapter(provider)
+        try:
+            try:
+                reply = self.call(environ, url_key, provider, count)
+            except GatewayError as err:
+                reply = error_reply(mod, err)
+        except Exception as exc:  # as app.py's errorhandler(Exception)
+            path = environ.get("PATH_INFO", "")
+            log.exception("unhandled error on %s", redact(path))
+            reply = error_reply(mod, GatewayError(
+                "internal", f"gateway internal error: {type(exc).__name__}: {redact(str(exc))}"))
+        if isinstance(reply, StreamReply):
+            start_response("200 OK", [("Content-Type", reply.content_type), *reply.headers.items()])
+            return reply.frames
+        data = _json(reply.body)
+        start_response(_status(reply.status), [("Content-Type", "application/json"),
+                                               ("Content-Length", str(len(data))), *reply.headers.items()])
+        return [data]
+
+    def call(self, environ: dict[str, Any], url_key: str | None, provider: str,
+             count: bool) -> JsonReply | StreamReply:
+        gw = self.gw
+        session_key = url_key or self.header_key(environ)
+        sid, cached = gw.resolve(session_key)
+        body = self.read_json(environ)
+        if count:
+            return gw.count_tokens(provider, sid, body)
+        context = CallContext(retry_count=_int(environ.get("HTTP_X_STAINLESS_RETRY_COUNT")),
+                              client_socket=client_socket(environ),
+                              cached_key=session_key if cached else None)
+        return gw.generate(provider, sid, body, context=context)
+
+    @staticmethod
+    def header_key(environ: dict[str, Any]) -> str | None:
+        """app.request_key without a URL key: the SDK's API-key header, bearer token or ?key=."""
+        for name in ("HTTP_X_API_KEY", "HTTP_X_GOOG_API_KEY"):
+            if environ.get(name):
+                return environ[name]
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        query = environ.get("QUERY_STRING")
+        if query:
+            for name, value in parse_qsl(query, keep_blank_values=True):
+                if name == "key":
+                    return value
+        return None
+
+    def read_json(self, environ: dict[str, Any]) -> dict[str, Any]:
+        """app.read_json on the WSGI input."""
+        max_bytes = self.max_body_bytes
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > max_bytes:
+            raise GatewayError("too_large", f"request body of {length} bytes exceeds "
+                               f"the gateway limit of {max_bytes} bytes")
+        data = environ["wsgi.input"].read(length) if length > 0 else b""
+        if not data.strip():
+            raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
+        try:
+            body = fastjson.loads_body(data)
+        except jsonsafe.BodyError as exc:
+            what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
+            raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
+        if not isinstance(body, dict):
+            raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
+        return body
