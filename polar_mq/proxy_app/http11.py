@@ -273,8 +273,9 @@ class Http11Pool:
 
     def _connect(self, key: tuple[str, int]) -> _Conn:
         host, port = key
-        literal = self._addr.get(host, False)
-        if literal is False:
+        if host in self._addr:
+            literal = self._addr[host]
+        else:
             try:
                 ip = ipaddress.ip_address(host)
                 literal = self._addr[host] = (socket.AF_INET6 if ip.version == 6 else socket.AF_INET, host)

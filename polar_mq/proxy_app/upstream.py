@@ -80,7 +80,7 @@ class UpstreamStream:
         self._pending: dict[str, Any] | None = None
 
     def _payloads(self) -> Iterator[bytes]:
-        raw = self.resp.raw
+        raw: Any = self.resp.raw  # urllib3's HTTPResponse or http11.Response: both have read1
         while True:
             piece = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1)
             if not piece:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
 
+orjson: ModuleType | None
 try:
     import orjson
 except ImportError:  # scripts/build_tiny_model.py imports the adapters in the vLLM venv, without
