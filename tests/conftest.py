@@ -52,11 +52,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, grace: float = 4.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` s. A gateway or API asked to stop waits (gunicorn's
+    graceful shutdown, up to 30 s) for its idle keep-alive connections from the tests' clients; at
+    a fixture's teardown nobody needs that wait (it cost ~10 s each in five suites)."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
 
