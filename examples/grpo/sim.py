@@ -79,7 +79,8 @@ def simulate(args: argparse.Namespace, seed: int, log=print) -> list[float]:
                 continue
             for (resp, lps, r), a in zip(group, group_advantages(rewards, "mean_std")):
                 samples.append(TrainSample(prompts[gi], resp, [1, 1], lps, r, a or 0.0, str(gi), "s"))
-        st = tr.step(samples)
+        used = len({s.group_id for s in samples})
+        st = tr.step(samples, lr_scale=used / args.prompts if args.lr_by_groups else 1.0)
         pc, end_min = evaluate()
         step_rewards.append(sum(rewards_all) / len(rewards_all))
         log(f"step {step} reward {step_rewards[-1]:.3f} eval p(correct) {pc:.3f} "
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minibatches", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--lr-by-groups", action="store_true",
+                    help="scale each step's lr by the fraction of groups whose rewards differ (run.py's option)")
     args = ap.parse_args(argv)
     if not args.seeds:
         simulate(args, args.seed, log=lambda m: print(m, flush=True))

@@ -9,13 +9,14 @@ against the recorded vLLM logprobs, the weights reloaded into the running vLLM w
 its own): the run loads its base policy into it in place, as every weight sync does, and the
 fixture below puts the overfit weights back and checks that the server answers exactly as before.
 
-The CI run is shortened: 4 steps of 4 prompts x 8 samples (128 sessions), AdamW 3e-3 with 8 PPO
-epochs per batch (the demo uses 2e-3 x 4 over 10 steps). The assertion is a trend test over every
-step (``report.trend_beyond_noise``: the slope of the per-step mean reward beyond two binomial
-standard errors, and a fitted rise of at least 0.2 over the run); settings and criterion chosen
-with the offline proxy (``python -m examples.grpo.sim --seeds 32 --steps 4 --lr 3e-3 --epochs 8``)
-and measured on real runs — figures in docs/rl.md ("The test"). The demo's own settings
-(6 steps, 2e-3 x 4) run with POLAR_FULL=1.
+The CI run is shortened: 5 steps of 4 prompts x 8 samples (160 sessions), AdamW 3e-3 with 8 PPO
+epochs per batch, each step's lr scaled by the fraction of its groups whose rewards differ
+(``--lr-by-groups``; the demo uses 2e-3 x 4 over 10 steps). The assertion is a trend test over
+every step (``report.trend_beyond_noise``: the slope of the per-step mean reward beyond two
+binomial standard errors, and a fitted rise of at least 0.2 over the run). Settings and criterion
+were chosen with the offline proxy (``python -m examples.grpo.sim --steps 5 --seeds 32 --lr 3e-3
+--epochs 8 --lr-by-groups``) and measured on real runs: figures in docs/rl.md ("The CI test").
+The demo's own settings (6 steps, 2e-3 x 4) run with POLAR_FULL=1.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def check_loop(rows: list[dict], summary: dict, steps: int, out: Path, url: str)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
-    steps = 4
-    rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), "--lr", "3e-3", "--epochs", "8")
+    steps = 5
+    rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), "--lr", "3e-3", "--epochs", "8",
+                         "--lr-by-groups")
     check_loop(rows, summary, steps, tmp_path / "run", shared_vllm)
     rewards = [r["mean_reward"] for r in rows]
     verdict = trend_beyond_noise(rewards, PROMPTS * GROUP)
