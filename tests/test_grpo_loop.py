@@ -1,18 +1,12 @@
-"""The GRPO example end to end (examples/grpo): real vLLM (CPU build) serving the base policy,
-rollouts through polar_mq (dataset rows -> tasks with num_samples, the shell harness running the
-openai-SDK agent, the gateway capturing ids + logprobs, prefix_merging, the test_runner grader,
-the groups API), the CPU trainer, in-place weight sync — a shortened run whose mean reward must
-rise beyond sampling noise.
-
-The loop test is slow (its own vLLM start, ~60 s, plus 6 steps of ~35-40 s on the 2-core box:
-310 s measured, over the ~4 min a CI test may take) and runs only with POLAR_GRPO=1 and the vLLM venv
-present (docs/rl.md, "Result").
+"""The GRPO example's parts that need no vLLM: the reward's checks in the test_runner's line
+format, the balanced row order, and the two reward-rising criteria on known curves. The run
+itself (real vLLM, the pipeline, the trainer, weight sync; the mean reward must rise beyond
+noise) is tests/vllm/test_grpo_vllm.py, on the session's shared vLLM server.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,13 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("matplotlib")
-
-from examples.grpo import run as grpo_run  # noqa: E402
-from examples.grpo.vllm_policy import vllm_cpu  # noqa: E402
 
 from polar_mq.graders.parsing import parse_lines  # noqa: E402
 
@@ -67,37 +54,21 @@ def test_every_step_of_four_prompts_asks_each_direction_once():
     assert rows(8, seed=3) == rows(8, seed=3) != rows(8, seed=4)
 
 
-# the demo's settings, shortened: 4 prompts (one per direction) x 8 samples; in the offline proxy
-# (examples/grpo/sim.py) the mean of steps 4-5 is 0.36-0.55 above step 0 for seeds 0-3
-STEPS = 6
-PROMPTS = 4
-GROUP = 8
+def test_trend_criterion_tells_a_rise_from_noise():
+    """report.trend_beyond_noise (the CI test's assertion): a real rise passes, a flat or noisy
+    curve and a falling one do not, a rise too small to matter (< 0.2 fitted) does not."""
+    from examples.grpo.report import rise_beyond_noise, trend_beyond_noise
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-@pytest.mark.skipif(os.environ.get("POLAR_GRPO") != "1",
-                    reason="the GRPO loop (~5 min) runs only with POLAR_GRPO=1 (docs/rl.md, Result)")
-def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch):
-    if not vllm_cpu().vllm_importable():
-        pytest.skip(f"real vLLM not installed in {vllm_cpu().venv_dir()}")
-    monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
-    out = tmp_path / "run"
-    args = grpo_run.parser().parse_args(["--steps", str(STEPS), "--prompts", str(PROMPTS),
-                                         "--group-size", str(GROUP), "--seed", "0", "--out", str(out)])
-    summary = grpo_run.run(args)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS))
-    # every step sampled with the weights trained by the step before (in-place sync, no staleness)
-    assert [r["policy_version"] for r in rows] == list(range(STEPS))
-    assert all(r["staleness_max"] == 0 for r in rows)
-    assert all(r["errors"] == 0 for r in rows)
-    assert rows[0]["tokens_trained"] > 0
-    first, last = rows[0]["mean_reward"], (rows[-1]["mean_reward"] + rows[-2]["mean_reward"]) / 2
-    # beyond noise: two binomial standard errors of the difference (n sessions per step)
-    n = PROMPTS * GROUP
-    p = (first + last) / 2
-    noise = 2 * math.sqrt(p * (1 - p) * (1 / n + 1 / (2 * n)))
-    assert last - first > max(noise, 0.2), rows
-    assert summary["line"] == f"rl-demo: mean reward {first:.2f} -> {last:.2f} over {STEPS} steps (seed 0)"
-    assert (out / "reward.png").stat().st_size > 10_000
+    n = 32
+    assert trend_beyond_noise([0.28, 0.44, 0.62, 0.75], n)["passed"]
+    assert not trend_beyond_noise([0.31, 0.25, 0.38, 0.28], n)["passed"]        # flat, noisy
+    assert not trend_beyond_noise([0.75, 0.62, 0.44, 0.28], n)["passed"]        # falling
+    assert not trend_beyond_noise([0.47, 0.34, 0.75, 0.53], n)["passed"]        # z 1.5: not beyond noise
+    small = trend_beyond_noise([0.30, 0.33, 0.36, 0.39], 10_000)                # certain, but tiny
+    assert small["z"] > 2 and not small["passed"]
+    v = trend_beyond_noise([0.2, 0.4, 0.6, 0.8], n)
+    assert abs(v["slope"] - 0.2) < 1e-9 and abs(v["fitted_rise"] - 0.6) < 1e-9
+    # the first-vs-last criterion (the demo-settings test): B = mean of the last two steps
+    r = rise_beyond_noise([0.22, 0.47, 0.41, 0.50, 0.66, 0.88], n)
+    assert r["passed"] and abs(r["last"] - 0.77) < 1e-9
+    assert not rise_beyond_noise([0.44, 0.38, 0.56, 0.72], n)["passed"]          # +0.20 < 2 SE (0.22)

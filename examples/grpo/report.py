@@ -25,6 +25,43 @@ def summary_line(rows: list[dict], seed: int) -> tuple[float, float, str]:
     return first, last, f"rl-demo: mean reward {first:.2f} -> {last:.2f} over {len(rows)} steps (seed {seed})"
 
 
+def rise_beyond_noise(rewards: list[float], n: int, floor: float = 0.2) -> dict:
+    """The reward-rising criterion of the test and of ``sim.py --seeds``: B - A (A the first step's
+    mean reward, B the mean of the last two steps', as in the summary line) must exceed two binomial
+    standard errors of that difference (pooled p; ``n`` sessions per step, so A has n, B 2n) and
+    ``floor``. A one-sided z-test at z = 2 (~2.3% false-positive rate with no learning at all)."""
+    import math
+
+    first = rewards[0]
+    tail = rewards[-2:] if len(rewards) >= 2 else rewards
+    last = sum(tail) / len(tail)
+    p = (first + last) / 2
+    noise = 2 * math.sqrt(p * (1 - p) * (1 / n + 1 / (len(tail) * n)))
+    return {"first": first, "last": last, "rise": last - first, "noise": noise,
+            "passed": last - first > max(noise, floor)}
+
+
+def trend_beyond_noise(rewards: list[float], n: int, floor: float = 0.2) -> dict:
+    """The reward-rising criterion of the CI test (``tests/vllm/test_grpo_vllm.py``) and of
+    ``sim.py --seeds``: the least-squares slope of the per-step mean reward over all steps must
+    exceed two binomial standard errors (each step's mean is over ``n`` sessions; p is the run's
+    mean reward: a one-sided z-test at z = 2, ~2.3% false-positive rate with no learning at all),
+    and the fitted rise over the run (slope x (steps - 1)) must be at least ``floor``. Uses every
+    step, so it separates a rise from noise with fewer sessions than first-vs-last."""
+    import math
+
+    m = len(rewards)
+    if m < 2:
+        raise ValueError("a trend needs at least two steps")
+    k_mean = (m - 1) / 2
+    sxx = sum((k - k_mean) ** 2 for k in range(m))
+    r_mean = sum(rewards) / m
+    slope = sum((k - k_mean) * (r - r_mean) for k, r in enumerate(rewards)) / sxx
+    se = math.sqrt(max(r_mean * (1 - r_mean), 1e-9) / n / sxx)
+    return {"slope": slope, "se": se, "z": slope / se, "fitted_rise": slope * (m - 1),
+            "passed": slope > 2 * se and slope * (m - 1) >= floor}
+
+
 def table(rows: list[dict]) -> str:
     head = "| " + " | ".join(h for _, h in COLUMNS) + " |"
     sep = "|" + "|".join("---:" for _ in COLUMNS) + "|"

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> dict:
             t1 = time.time()
             batches = [samples_from_group(g, advantage="mean_std") for g in groups]
             samples = [s for b in batches for s in b.samples]
-            stats = trainer.step(samples)
+            used = sum(1 for b in batches if b.samples)
+            stats = trainer.step(samples, lr_scale=used / len(batches) if args.lr_by_groups else 1.0)
             t2 = time.time()
             new_dir = out / "weights" / f"v{version + 1}"
             t_save = trainer.save(new_dir)
@@ -193,6 +194,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
     ap.add_argument("--minibatches", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=4, help="passes over each step's batch (PPO epochs: the clip binds)")
+    ap.add_argument("--lr-by-groups", action="store_true",
+                    help="scale each step's lr by the fraction of its groups whose rewards differ (the CI "
+                         "test's setting: with 8 epochs, one informative group must not move the policy as "
+                         "far as four; trainer.PolicyTrainer.step)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

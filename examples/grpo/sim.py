@@ -27,30 +27,19 @@ from polar_mq.advantages import group_advantages  # noqa: E402
 from polar_mq.trainers.samples import TrainSample  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def simulate(args: argparse.Namespace, seed: int, log=print) -> list[float]:
+    """One offline run; the mean sampled reward of every step."""
     import torch
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--optimizer", default="adamw")
-    ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--clip", type=float, default=0.2)
-    args = ap.parse_args(argv)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
     tiny, tok = bm._tiny(), bm.load_tokenizer()
     dir_ids = bm.direction_ids(tok)
     first, answers = bm.chats()
     prompts = [ids[:n_p] for ids, n_p in tiny.examples(tok, first)]
     eos = tok.eos_token_id
     tr = PolicyTrainer(Path(args.base), lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches,
-                       epochs=args.epochs, seed=args.seed, optimizer=args.optimizer)
+                       epochs=args.epochs, seed=seed, optimizer=args.optimizer)
     m = tr.model
 
     def next_logp(seqs: list[list[int]]):
@@ -65,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return sum(pc) / len(pc), float(ends.min())
 
     pc, end_min = evaluate()
-    print(f"step -1 eval p(correct) {pc:.3f} p(end) min {end_min:.5f}", flush=True)
+    log(f"step -1 eval p(correct) {pc:.3f} p(end) min {end_min:.5f}")
+    step_rewards: list[float] = []
     for step in range(args.steps):
         t0 = time.time()
         # as task.rows: every step's prompts cover the directions evenly
@@ -89,11 +79,53 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for (resp, lps, r), a in zip(group, group_advantages(rewards, "mean_std")):
                 samples.append(TrainSample(prompts[gi], resp, [1, 1], lps, r, a or 0.0, str(gi), "s"))
-        st = tr.step(samples)
+        used = len({s.group_id for s in samples})
+        st = tr.step(samples, lr_scale=used / args.prompts if args.lr_by_groups else 1.0)
         pc, end_min = evaluate()
-        print(f"step {step} reward {sum(rewards_all) / len(rewards_all):.3f} eval p(correct) {pc:.3f} "
-              f"p(end) min {end_min:.5f} samples {len(samples)} clip {st.clip_fraction:.2f} {time.time() - t0:.1f}s",
-              flush=True)
+        step_rewards.append(sum(rewards_all) / len(rewards_all))
+        log(f"step {step} reward {step_rewards[-1]:.3f} eval p(correct) {pc:.3f} "
+            f"p(end) min {end_min:.5f} samples {len(samples)} clip {st.clip_fraction:.2f} {time.time() - t0:.1f}s")
+    return step_rewards
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="run seeds SEED .. SEED+N-1 and report how often the CI test's criterion holds "
+                         "(report.trend_beyond_noise: the reward's slope over the steps beyond 2 binomial "
+                         "SE) and the older first-vs-last one (report.rise_beyond_noise)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--optimizer", default="adamw")
+    ap.add_argument("--minibatches", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--lr-by-groups", action="store_true",
+                    help="scale each step's lr by the fraction of groups whose rewards differ (run.py's option)")
+    args = ap.parse_args(argv)
+    if not args.seeds:
+        simulate(args, args.seed, log=lambda m: print(m, flush=True))
+        return 0
+    from examples.grpo.report import rise_beyond_noise, trend_beyond_noise
+
+    n = args.prompts * args.group_size
+    held = {"trend": 0, "first-vs-last": 0}
+    for seed in range(args.seed, args.seed + args.seeds):
+        rewards = simulate(args, seed, log=lambda m: None)
+        rise, trend = rise_beyond_noise(rewards, n), trend_beyond_noise(rewards, n)
+        held["trend"] += trend["passed"]
+        held["first-vs-last"] += rise["passed"]
+        print(f"seed {seed}: {' '.join(f'{r:.2f}' for r in rewards)} | trend: slope {trend['slope']:+.3f}/step "
+              f"z {trend['z']:.1f} fitted rise {trend['fitted_rise']:+.2f} {'pass' if trend['passed'] else 'FAIL'} | "
+              f"first-vs-last: {rise['first']:.2f} -> {rise['last']:.2f} (noise {rise['noise']:.2f}) "
+              f"{'pass' if rise['passed'] else 'FAIL'}", flush=True)
+    print(f"held in {args.seeds} seeds: trend {held['trend']}, first-vs-last {held['first-vs-last']} "
+          f"({args.steps} steps x {args.prompts} prompts x {args.group_size} samples, lr {args.lr}, "
+          f"epochs {args.epochs}, clip {args.clip})", flush=True)
     return 0
 
 

@@ -3,9 +3,18 @@
 * Skipped, with a reason, when the vLLM venv (``scripts/vllm_cpu.py``: ``$POLAR_VLLM_VENV`` or
   ``~/.cache/polar_mq/vllm-venv``) is missing and ``POLAR_VLLM=1`` is not set.
 * With ``POLAR_VLLM=1`` a missing venv is installed and the tiny models are built (cached).
-* ONE real vLLM server (CPU, the overfit tiny model, hermes tool parser) per test session.
+* ONE real vLLM server (CPU, the overfit tiny model, hermes tool parser) per test session, shared by
+  every test here, the GRPO loop included (``test_grpo_vllm.py`` loads its policy into it in place
+  and puts the overfit weights back). It serves an untied copy of the overfit model (the same
+  numbers; the LM head its own tensor) because vLLM's in-place reload does not refresh a tied LM
+  head (docs/rl.md).
+* The servers start early: once collection is done, when the selected tests need them and vLLM and
+  the models are already there, both (the overfit one and, if its tests are selected, the
+  Qwen3-template one) start in the background, so their ~40-60 s starts overlap the rest of the
+  suite and each other instead of running one after the other when the first vLLM test asks.
+  ``POLAR_VLLM_EARLY=0`` starts them when first needed instead.
 
-Timings (install, build, server start) are printed in the terminal summary.
+Timings (install, build, server start, time a test waited for it) are printed in the terminal summary.
 """
 
 from __future__ import annotations
@@ -69,6 +78,121 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "vllm: talks to a real vLLM server (CPU build, tiny local model)")
 
 
+# ---- served models and early starts ------------------------------------------------------------
+
+# kind -> (process, url, log path, start time): servers started by this session, waited for by the
+# fixtures; every one is stopped when the session ends (config cleanup), used or not.
+_STARTED: dict[str, tuple[subprocess.Popen, str, Path, float]] = {}
+_LOG_DIR: list[Path] = []
+_BUILT: list[bool] = []  # the models were checked / built at collection already
+
+UNTIE = r"""
+import json, shutil, sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+tmp = dst.with_name("." + dst.name + ".tmp")
+shutil.rmtree(tmp, ignore_errors=True)
+shutil.copytree(src, tmp)
+cfg = json.loads((tmp / "config.json").read_text())
+cfg["tie_word_embeddings"] = False
+(tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+w = load_file(str(src / "model.safetensors"))
+w.setdefault("lm_head.weight", w["model.embed_tokens.weight"].clone())
+save_file(w, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+(tmp / "polar_stamp.txt").write_text(sys.argv[3])
+shutil.rmtree(dst, ignore_errors=True)
+tmp.rename(dst)
+"""
+
+
+def served_model() -> Path:
+    """The overfit model with its LM head as a tensor of its own (``tie_word_embeddings`` false):
+    the same weights, so the same answers; made next to it (cached, rebuilt when it changes)."""
+    src = vllm_cpu.model_path("overfit")
+    dst = src.with_name("overfit-untied")
+    stamp = "untied-" + (src / "polar_stamp.txt").read_text()
+    try:
+        if (dst / "polar_stamp.txt").read_text() == stamp:
+            return dst
+    except OSError:
+        pass
+    subprocess.run([str(vllm_cpu.venv_python()), "-c", UNTIE, str(src), str(dst), stamp], check=True,
+                   env={**os.environ, "PYTHONPATH": ""})
+    return dst
+
+
+def _model_for(kind: str) -> Path:
+    return served_model() if kind == "overfit" else vllm_cpu.model_path(kind)
+
+
+def _start(kind: str, config) -> None:
+    if kind in _STARTED:
+        return
+    if not _LOG_DIR:
+        import shutil
+        import tempfile
+        _LOG_DIR.append(Path(tempfile.mkdtemp(prefix="polar-vllm-logs-")))
+        config.add_cleanup(lambda: shutil.rmtree(_LOG_DIR[0], ignore_errors=True))
+    port = free_port()
+    log = _LOG_DIR[0] / f"vllm-{kind}-{port}.log"
+    fh = open(log, "wb")
+    proc = subprocess.Popen(vllm_cpu.server_command(_model_for(kind), port), stdout=fh, stderr=subprocess.STDOUT,
+                            env=vllm_cpu.server_env(), cwd=str(log.parent), start_new_session=True)
+    fh.close()
+    _STARTED[kind] = (proc, f"http://127.0.0.1:{port}", log, time.time())
+    config.add_cleanup(lambda: _terminate(proc))
+
+
+def _needed(items) -> list[str]:
+    """Which servers the selected, not skipped, tests will ask for (fixture closures)."""
+    kinds = []
+    for it in items:
+        if it.get_closest_marker("skip") or not str(it.fspath).startswith(VLLM_DIR + os.sep):
+            continue
+        names = set(getattr(it, "fixturenames", ()))
+        if "vllm_url" in names and not os.environ.get("POLAR_VLLM_URL") and "overfit" not in kinds:
+            kinds.append("overfit")
+        if "vllm_qwen3" in names and not os.environ.get("POLAR_VLLM_QWEN3_URL") and "qwen3" not in kinds:
+            kinds.append("qwen3")
+    return kinds
+
+
+def pytest_collection_finish(session):
+    """Start the servers the selected tests need now, in the background (see the module doc)."""
+    if os.environ.get("POLAR_VLLM_EARLY", "1") == "0" or session.config.option.collectonly:
+        return
+    kinds = _needed(session.items)
+    if not kinds or not _cheap_vllm_present():
+        return
+    try:
+        t = time.time()
+        vllm_cpu.build()  # a stamp check when the models are there (CI: scripts/vllm_cpu.py prepare)
+        TIMINGS["build models"] = time.time() - t
+        _BUILT.append(True)
+        for kind in kinds:
+            _start(kind, session.config)
+    except Exception as exc:  # the fixtures start them (and report) when first needed
+        sys.stderr.write(f"[vllm] early start skipped: {exc}\n")
+
+
+def _ready(kind: str, config, timeout: float) -> str:
+    """Start ``kind`` unless it is starting already, wait until it serves; its URL."""
+    _start(kind, config)
+    proc, url, log, t0 = _STARTED[kind]
+    t = time.time()
+    try:
+        _wait_ready(url, proc, log, timeout=timeout)
+    except Exception:
+        _terminate(proc)
+        raise
+    # launched -> first use (the start itself is shorter when it overlapped other tests), and how
+    # long the first test that needed it waited
+    TIMINGS.setdefault(f"{kind} launched", time.time() - t0)
+    TIMINGS.setdefault(f"{kind} waited", time.time() - t)
+    return url
+
+
 def pytest_collection_modifyitems(config, items):
     mine = [it for it in items if str(it.fspath).startswith(VLLM_DIR + os.sep)]
     if not mine:
@@ -116,36 +240,25 @@ def vllm_model() -> Path:
     t = time.time()
     vllm_cpu.install()
     TIMINGS["install"] = time.time() - t
-    t = time.time()
-    vllm_cpu.build()
-    TIMINGS["build models"] = time.time() - t
+    if not _BUILT:
+        t = time.time()
+        vllm_cpu.build()
+        TIMINGS["build models"] = time.time() - t
     return vllm_cpu.model_path("overfit")
 
 
 @pytest.fixture(scope="session")
-def vllm_url(request, log_dir) -> str:
+def vllm_url(request) -> str:
     """One real vLLM server for the whole session (URL of its root). ``POLAR_VLLM_URL`` points the
-    suite at an already running one (serving the overfit model as ``tiny``: scripts/vllm_cpu.py serve)."""
+    suite at an already running one (serving the overfit model as ``tiny``: scripts/vllm_cpu.py serve;
+    the GRPO test needs it untied and in dev mode, as served here)."""
     if os.environ.get("POLAR_VLLM_URL"):
         yield os.environ["POLAR_VLLM_URL"].rstrip("/")
         return
-    vllm_model = request.getfixturevalue("vllm_model")
-    port = free_port()
-    log = log_dir / f"vllm-{port}.log"
-    fh = open(log, "wb")
-    t = time.time()
-    proc = subprocess.Popen(vllm_cpu.server_command(vllm_model, port), stdout=fh, stderr=subprocess.STDOUT,
-                            env=vllm_cpu.server_env(), cwd=str(log_dir), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log, timeout=float(os.environ.get("POLAR_VLLM_START_TIMEOUT", "420")))
-    except Exception:
-        _terminate(proc)
-        raise
-    TIMINGS["server start"] = time.time() - t
-    yield url
-    _terminate(proc)
-    fh.close()
+    request.getfixturevalue("vllm_model")
+    for kind in _needed(request.session.items):  # not started early: start them together now
+        _start(kind, request.config)
+    yield _ready("overfit", request.config, float(os.environ.get("POLAR_VLLM_START_TIMEOUT", "420")))
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -190,7 +303,7 @@ def detokenize(vllm_url):
 
 
 @pytest.fixture(scope="session")
-def vllm_qwen3(request, log_dir):
+def vllm_qwen3(request):
     """A second real vLLM server: the tiny model with the Qwen3-style template whose generation
     prompt (`<think>\\n\\n</think>\\n\\n`) is not how history renders (token-in continuation suite).
     Yields (URL, tokenizer directory). ``POLAR_VLLM_QWEN3_URL`` points at a running one."""
@@ -199,19 +312,4 @@ def vllm_qwen3(request, log_dir):
         yield os.environ["POLAR_VLLM_QWEN3_URL"].rstrip("/"), model / "tokenizer"
         return
     request.getfixturevalue("vllm_model")  # installs vLLM and builds the models (qwen3 included)
-    port = free_port()
-    log = log_dir / f"vllm-qwen3-{port}.log"
-    fh = open(log, "wb")
-    t = time.time()
-    proc = subprocess.Popen(vllm_cpu.server_command(model, port), stdout=fh, stderr=subprocess.STDOUT,
-                            env=vllm_cpu.server_env(), cwd=str(log_dir), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log, timeout=float(os.environ.get("POLAR_VLLM_START_TIMEOUT", "420")))
-    except Exception:
-        _terminate(proc)
-        raise
-    TIMINGS["qwen3 server start"] = time.time() - t
-    yield url, model / "tokenizer"
-    _terminate(proc)
-    fh.close()
+    yield _ready("qwen3", request.config, float(os.environ.get("POLAR_VLLM_START_TIMEOUT", "420"))), model / "tokenizer"
