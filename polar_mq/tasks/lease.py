@@ -13,7 +13,6 @@ of this attempt is accepted, whatever the worker believes.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .pipeline_store import PipelineStore, node_name
+from .ticker import Ticker
 
 SELF_FENCE = 0.6  # of the TTL; the harness kill (≤ 2.5 s) must fit into the remaining 40 %
 
@@ -43,60 +43,10 @@ class LeaseLost(threading.Event):
         return super().is_set()
 
 
-class _Keeper:
-    """One heartbeat thread per process for every lease the process holds.
-
-    A thread per lease meant a thread started and, at the stage's end, woken to exit — three per
-    session; py-spy (--gil, bench_dispatch) put 7-10% of the run and postrun pool children in that
-    wake-up (Event.set / Condition.notify) alone. The keeper polls its leases instead (every
-    POLL seconds, or ttl/12 if shorter) and renews each one ttl/6 after its last renewal, as the
-    per-lease thread did; a stage that ends only drops its lease from the set. Self-fencing does
-    not depend on this thread: LeaseLost turns true by the clock once renewals stop succeeding.
-    A process forked while the keeper runs starts its own on its first lease."""
-
-    POLL = 0.5
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._leases: dict[int, "Lease"] = {}
-        self._pid = 0
-        self._thread: threading.Thread | None = None
-        self._poll = self.POLL
-
-    def add(self, lease: "Lease") -> None:
-        with self._lock:
-            lease.due = time.monotonic() + lease.ttl / 6
-            self._leases[id(lease)] = lease
-            self._poll = min(self._poll, lease.ttl / 12)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._loop, name="polar-lease-keeper", daemon=True)
-                self._thread.start()
-
-    def remove(self, lease: "Lease") -> None:
-        with self._lock:
-            self._leases.pop(id(lease), None)
-
-    def _loop(self) -> None:
-        while True:
-            time.sleep(self._poll)
-            with self._lock:
-                leases = list(self._leases.values())
-            for lease in leases:
-                now = time.monotonic()
-                if lease.done or lease.due > now:
-                    continue
-                lease.due = now + lease.ttl / 6
-                if lease.lost.is_set():
-                    self.remove(lease)
-                    continue
-                try:
-                    lease._renew_once()
-                except Exception:  # Redis blip: keep trying; LeaseLost turns true on its own in time
-                    continue
-
-
-_KEEPER = _Keeper()
+# One heartbeat thread per process for every lease it holds (ticker.py says why not one per lease).
+# Each lease is renewed ttl/6 after its last renewal, as a per-lease thread did. Self-fencing does
+# not depend on this thread: LeaseLost turns true by the clock once renewals stop succeeding.
+_KEEPER = Ticker("polar-lease-keeper")
 
 
 class Lease:
@@ -107,7 +57,7 @@ class Lease:
         self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
         self.lost = LeaseLost(ttl)
         self.task_cancelled = False  # the task's cancel flag when the lease was taken (enter_stage)
-        self.due = 0.0  # next renewal (monotonic), kept by the process's _Keeper
+        self.due = 0.0  # next renewal (monotonic), kept by the process's keeper (_KEEPER)
         self.done = False
         self._released = False
 
@@ -129,11 +79,21 @@ class Lease:
 
     def _start_beat(self) -> None:
         self.lost.last_ok = time.monotonic()
-        _KEEPER.add(self)
+        _KEEPER.add(self, self.ttl / 6)
 
     def _stop(self) -> None:
         self.done = True
         _KEEPER.remove(self)
+
+    def tick(self) -> bool:
+        """The keeper's call: renew, unless the lease is already lost (then drop it)."""
+        if self.lost.is_set():
+            return False
+        try:
+            self._renew_once()
+        except Exception:  # Redis blip: keep trying; LeaseLost turns true on its own in time
+            pass
+        return True
 
     def _renew_once(self) -> None:
         started = time.monotonic()
