@@ -10,7 +10,6 @@ from typing import Any, Callable
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .. import jsonsafe
 from ..settings import GatewaySettings
 from ..store import GatewayStore
 from ..tokens import redact
@@ -65,16 +64,7 @@ def read_json(max_bytes: int) -> dict[str, Any]:
     data = request.get_data(cache=True)
     if len(data) > max_bytes:
         raise GatewayError("too_large", f"request body exceeds the gateway limit of {max_bytes} bytes")
-    if not data.strip():
-        raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
-    try:
-        body = fastjson.loads_body(data)  # jsonsafe's checks (NaN, lone surrogates, >64-bit ints, depth): 400, never 500
-    except jsonsafe.BodyError as exc:
-        what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
-        raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
-    if not isinstance(body, dict):
-        raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return fastjson.request_object(data)
 
 
 def redis_client(url: str, max_connections: int = 512):

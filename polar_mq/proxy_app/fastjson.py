@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from .. import jsonsafe
+from .adapters.base import GatewayError
 
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 
@@ -70,3 +71,19 @@ loads = orjson.loads  # upstream answers and stream chunks (vLLM writes strict J
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON, key order kept (tool arguments and schemas render into prompts)."""
     return orjson.dumps(value)
+
+
+def request_object(data: bytes) -> dict[str, Any]:
+    """A provider request body as the gateway accepts it — a JSON object within jsonsafe's limits —
+    or a GatewayError (400 in the caller's own format, never a 500). Shared by the Flask routes
+    and the WSGI fast path (fastpath.py), which must refuse exactly the same bodies."""
+    if not data.strip():
+        raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
+    try:
+        body = loads_body(data)  # NaN, lone surrogates, >64-bit ints, depth: 400, never 500
+    except jsonsafe.BodyError as exc:
+        what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
+        raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
+    if not isinstance(body, dict):
+        raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
+    return body

@@ -25,7 +25,6 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from .. import jsonsafe
 from ..tokens import redact
 from . import fastjson
 from .adapters.base import GatewayError
@@ -156,13 +155,4 @@ class FastPath:
             raise GatewayError("too_large", f"request body of {length} bytes exceeds "
                                f"the gateway limit of {max_bytes} bytes")
         data = environ["wsgi.input"].read(length) if length > 0 else b""
-        if not data.strip():
-            raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
-        try:
-            body = fastjson.loads_body(data)
-        except jsonsafe.BodyError as exc:
-            what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
-            raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
-        if not isinstance(body, dict):
-            raise GatewayError("invalid_request", f"request body must be a JSON object, got {type(body).__name__}")
-        return body
+        return fastjson.request_object(data)
