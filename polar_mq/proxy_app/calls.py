@@ -37,6 +37,40 @@ log = logging.getLogger("polar_mq.calls")
 
 CLIENT_GONE = "the client closed its connection"
 YIELD_EVERY = 0.002  # s: the longest a stream reader with data always buffered runs without yielding
+
+
+def _cycle_loop_gevent() -> None:
+    # gevent.sleep(0) only queues this greenlet behind the callbacks already due: it may run again
+    # before the event loop polls I/O or fires timers (gevent's own docs), so the call watcher
+    # (a timer, then a Redis reply), the writer to the client and the other streams stayed
+    # starved. Any positive sleep resumes it only after the next loop iteration, which polls I/O
+    # and runs the due timers first; 1 us costs no real time beyond that iteration.
+    import gevent
+    gevent.sleep(1e-6)
+
+
+def _cycle_threads() -> None:
+    time.sleep(0)  # a real thread: gives up the GIL to the watcher, the writer and the others
+
+
+def yield_now() -> None:
+    """Let every other thread or greenlet of this process run once (under gevent: one full turn of
+    the event loop, I/O and timers included)."""
+    _yield_impl()
+
+
+def _pick_yield() -> Callable[[], None]:
+    try:
+        from gevent import monkey
+    except ImportError:
+        return _cycle_threads
+    return _cycle_loop_gevent if monkey.is_module_patched("socket") else _cycle_threads
+
+
+def _yield_impl() -> None:  # resolved on first use: the gevent worker patches before it serves
+    global _yield_impl
+    _yield_impl = _pick_yield()
+    _yield_impl()
 SESSION_CANCELLED = "the session was cancelled"
 
 
@@ -76,7 +110,7 @@ class Inflight:
 
     session_id: str
     call_id: str
-    client_socket: socket.socket | None = None  # plain calls: watched for a closed connection
+    client_socket: socket.socket | None = None  # watched for a closed connection
     reason: str | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -211,13 +245,15 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
             if call.reason is not None:
                 break
             # Let the others run: under the gevent worker a reader whose socket always has data
-            # buffered never blocks, so it would starve the call watcher (cancel, client gone) and
-            # the other streams of its process until the generation ends. At least every
-            # YIELD_EVERY s of reading, not after every chunk: a switch per chunk was a hub round
-            # per token, and the writer then wrote each token on its own (one send per frame).
+            # buffered never blocks, so it would starve the call watcher (cancel, client gone),
+            # the writer to its client and the other streams of its process until the generation
+            # ends (then the abort comes too late: vLLM has finished). At least every YIELD_EVERY
+            # s of reading, not after every chunk: a switch per chunk was a hub round per token,
+            # and the writer then wrote each token on its own (one send per frame). The yield is
+            # a full turn of the event loop (yield_now), not sleep(0).
             now = time.monotonic()
             if now - last_yield >= YIELD_EVERY:
-                time.sleep(0)
+                yield_now()
                 last_yield = time.monotonic()
     except GatewayError:
         if call.reason is None:

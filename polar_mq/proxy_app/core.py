@@ -65,7 +65,7 @@ class CallContext:
     """What the web layer knows about a call beyond its body (plain values, no Flask)."""
 
     retry_count: int = 0  # the SDK's x-stainless-retry-count
-    client_socket: socket.socket | None = None  # watched for a client that went away (plain calls)
+    client_socket: socket.socket | None = None  # watched for a client that went away
     cached_key: str | None = None  # a session key resolved from the cache: re-checked at admission
 
 
@@ -261,8 +261,10 @@ class Gateway:
         upstream = self.upstream_body(req)
         record.model_served = upstream["model"]
         ticket = self.enter(record, context.cached_key)
-        inflight = self.registry.start(session_id, record.call_id,
-                                       None if req.stream else context.client_socket,
+        # The watcher checks the client's connection of plain AND streamed calls: a stream's
+        # writer notices a gone client only when a write fails, and under load it may not run
+        # for seconds while the upstream keeps generating (vLLM then finishes before the abort).
+        inflight = self.registry.start(session_id, record.call_id, context.client_socket,
                                        cancelled=None if ticket is None else ticket.state == CANCELLED)
         try:
             route = self.tito.route(record, req)

@@ -1,8 +1,14 @@
 """Real vLLM (CPU, tiny model): the gateway's aborts stop the generation inside vLLM.
 
 A streamed call whose client hangs up, and a plain call whose session is cancelled, are asked
-for 1800 tokens with `ignore_eos` (~11 s of generation here). vLLM's own /metrics must show the
-request gone from the running batch within a few seconds and far fewer than 1800 tokens generated.
+for WANT tokens with `ignore_eos`. vLLM's own /metrics must show the request gone from the running
+batch within a few seconds and fewer than WANT / 2 tokens generated.
+
+WANT is 6000, not 1800: the tiny model generates ~490 tokens/s on an idle CPU (1800 in ~3.7 s),
+and vLLM does not wait for the gateway to read (TCP buffers take the whole stream), so on a
+loaded machine where the gateway is not scheduled for a second or two the generation could end
+before any abort could land. 6000 tokens (~12 s idle, more under load) leaves > 6 s for the
+abort, and the assertions are unchanged: they fail whenever the abort does not reach vLLM.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import time
 import requests
 
 SERVED = "tiny"
-WANT = 1800
+WANT = 6000  # max-model-len is 8192 (scripts/vllm_cpu.py)
 
 
 def metric(vllm_url: str, name: str) -> float:
@@ -63,7 +69,7 @@ def test_session_cancel_aborts_a_plain_vllm_call(vllm_gateway, vllm_url):
     tokens0 = metric(vllm_url, "vllm:generation_tokens_total")
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
-        f"{s['base_urls']['openai']}/chat/completions", json=body(False), timeout=60)))
+        f"{s['base_urls']['openai']}/chat/completions", json=body(False), timeout=120)))
     t.start()
     time.sleep(1.5)
     assert metric(vllm_url, "vllm:num_requests_running") == 1
