@@ -108,3 +108,23 @@ def test_an_unknown_key_is_refused_in_the_provider_shape_and_nothing_goes_upstre
                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 401 and chat.get_json()["error"]["type"] == "authentication_error"
     assert pool.requests == []
+
+
+def test_a_cancel_aborts_this_process_calls_at_once_not_at_the_watchers_next_tick(gateway_app: Any) -> None:
+    """Under load the watcher's Redis tick can come seconds late while a fast model fills the
+    socket; the cancel request itself aborts the calls of its own process."""
+    client, pool, session = gateway_app
+    gw = client.application.extensions["polar_gateway"]
+    gw.registry.interval = 3600.0  # the watcher would not see the flag within this test
+    call = gw.registry.start(session["session_id"], "call-in-flight")
+    closed: list[str] = []
+    call.on_abort(lambda: closed.append("upstream closed"))
+    other = gw.registry.start("another-session", "call-of-another-session")
+    try:
+        resp = client.post(f"/sessions/{session['session_id']}/cancel")
+        assert resp.status_code == 200, resp.get_data(as_text=True)
+        assert call.reason == "the session was cancelled" and closed == ["upstream closed"]
+        assert other.reason is None
+    finally:
+        gw.registry.finish(call)
+        gw.registry.finish(other)

@@ -200,6 +200,16 @@ class CallRegistry:
         except StoreUnavailable:
             pass
 
+    def abort_session(self, session_id: str, reason: str = SESSION_CANCELLED) -> int:
+        """Abort this process's calls of a session now (the cancel request reached this process):
+        the watcher's next Redis tick would find the flag too, but under load that tick can come
+        seconds late (a fast model fills thousands of tokens meanwhile). Returns how many."""
+        with self._lock:
+            calls = [c for c in self._calls.values() if c.session_id == session_id and c.reason is None]
+        for call in calls:
+            call.abort(reason)
+        return len(calls)
+
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:

@@ -121,6 +121,8 @@ def register(app: Flask, gw: "Gateway") -> None:
             if gw.store.get_session(session_id) is None:
                 return problem(404, "Not Found", f"no session {session_id!r}")
             gw.store.cancel_session(session_id)
+            # This process's calls stop at once; the other processes' watchers read the flag.
+            gw.registry.abort_session(session_id)
             inflight = gw.store.inflight_calls(session_id)
         except StoreUnavailable as exc:
             return problem(503, "Service Unavailable", str(exc))
