@@ -71,8 +71,12 @@ def test_session_cancel_aborts_a_plain_vllm_call(vllm_gateway, vllm_url):
     t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
         f"{s['base_urls']['openai']}/chat/completions", json=body(False), timeout=120)))
     t.start()
-    time.sleep(1.5)
-    assert metric(vllm_url, "vllm:num_requests_running") == 1
+    # Cancel once vLLM is generating it (under load the call can take a while to get there).
+    deadline = time.monotonic() + 30
+    while not (metric(vllm_url, "vllm:num_requests_running") == 1
+               and metric(vllm_url, "vllm:generation_tokens_total") > tokens0):
+        assert time.monotonic() < deadline and t.is_alive(), "the call never reached vLLM"
+        time.sleep(0.1)
     requests.post(f"{vllm_gateway.url}/sessions/{s['session_id']}/cancel", headers=vllm_gateway.admin_headers, timeout=10).raise_for_status()
     t.join(30)
     assert out["resp"].status_code == 403
