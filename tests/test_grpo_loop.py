@@ -72,3 +72,27 @@ def test_trend_criterion_tells_a_rise_from_noise():
     r = rise_beyond_noise([0.22, 0.47, 0.41, 0.50, 0.66, 0.88], n)
     assert r["passed"] and abs(r["last"] - 0.77) < 1e-9
     assert not rise_beyond_noise([0.44, 0.38, 0.56, 0.72], n)["passed"]          # +0.20 < 2 SE (0.22)
+
+
+@pytest.mark.parametrize("move,reward", [("left", 1.0), ("up", 0.0)])
+def test_the_cursor_grader_rewards_the_direction_its_task_names(tmp_path, move, reward):
+    """The plug-in grader as postrun calls it: a GradeContext whose task carries metadata.target,
+    the checks run in the session's workspace (a dict-shaped context here once left every real
+    session of the loop at reward 0 with an error)."""
+    from examples.grpo.grader import CursorGrader
+    from examples.grpo.task import START, STEP
+    from grader_support import Session
+    from polar_mq.graders.run import run_grading
+    from polar_mq.model import Trajectory
+    from polar_mq.tasks.taskspec import parse_task
+
+    src = tmp_path / "src"
+    src.mkdir()
+    s = Session(tmp_path, src)
+    x, y = START[0] + STEP[move][0], START[1] + STEP[move][1]
+    (Path(s.handle.workdir) / "cursor.json").write_text(json.dumps({"x": x, "y": y, "moves": [move]}))
+    task = parse_task({"instruction": "Move the cursor left.", "metadata": {"target": "left"},
+                       "agent": {"harness": "shell", "options": {"command": "true"}}})
+    grade = run_grading(f"{CursorGrader.__module__}:CursorGrader", {}, Trajectory(session_id=s.name),
+                        s.context(task=task))
+    assert grade.reward == reward, grade

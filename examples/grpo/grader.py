@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar_mq.graders.base import Grade, InfraError
+from polar_mq.graders.base import Grade, GradeContext, InfraError
 from polar_mq.graders.test_runner import TestRunnerGrader
 from polar_mq.model import Trajectory
 
@@ -32,8 +32,8 @@ class CursorGrader(TestRunnerGrader):
         config.setdefault("format", "lines")
         super().__init__(**config)
 
-    def evaluate(self, trajectory: Trajectory, context: dict[str, Any]) -> Grade:
-        target = ((context.get("task") or {}).get("metadata") or {}).get("target")
+    def evaluate(self, trajectory: Trajectory, context: GradeContext) -> Grade:
+        target = (context.task.metadata if context.task is not None else {}).get("target")
         if not target:
             raise InfraError("task has no metadata.target (the direction the instruction names)")
         self.config = {**self.config, "env": {**(self.config.get("env") or {}), "TARGET": str(target)}}
