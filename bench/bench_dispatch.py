@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_gateway import export_ref  # noqa: E402
 from polar_mq.client import Client  # noqa: E402
 from polar_mq.embedded_redis import free_port  # noqa: E402
 from polar_mq.up import launch  # noqa: E402
@@ -78,15 +79,6 @@ def cpu_by_role(stack, before: dict[int, float], after: dict[int, float]) -> dic
         name = roles.get(p, "?").replace("worker_", "") + ("" if pid == p or p not in roles else "+")
         out[name] = out.get(name, 0.0) + t - before.get(pid, 0.0)
     return out
-
-
-def export_ref(ref: str, dest: Path) -> Path:
-    """The polar_mq package of git `ref`, extracted under dest (children import it first)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "polar_mq"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
 
 
 def measure(label: str, tmp: Path, pools: tuple[int, int, int], sessions: int,

@@ -165,6 +165,17 @@ def export_ref(ref: str, dest: Path) -> Path:
     return dest
 
 
+def builds(baseline: str, logs: Path) -> list[tuple[str, dict[str, str]]]:
+    """The gateways measured side by side: `baseline`'s code (a git archive first on the children's
+    PYTHONPATH), then this tree's; each with the environment its processes start with."""
+    out: list[tuple[str, dict[str, str]]] = []
+    if baseline:
+        old = export_ref(baseline, logs / "baseline")
+        out.append((f"before ({baseline})", {"PYTHONPATH": str(old)}))
+    out.append(("after (this tree)", {}))
+    return out
+
+
 class Target:
     """One gateway under test (the baseline ref's code or this tree's), its worker's CPU and key."""
 
@@ -220,17 +231,13 @@ def main() -> int:
     try:
         mport = free_port()
         upstream = f"http://127.0.0.1:{mport}"
-        builds: list[tuple[str, dict[str, str]]] = []
-        if args.baseline:
-            old = export_ref(args.baseline, logs / "baseline")
-            builds.append((f"before ({args.baseline})", {"PYTHONPATH": str(old)}))
-        builds.append(("after (this tree)", {}))
+        code = builds(args.baseline, logs)
         os.chdir(logs)  # `python -m` puts the cwd first on sys.path: children import what PYTHONPATH says
         targets: list[Target] = []
         with console.status("starting model server and gateway(s)…"):
             procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport),
                                 "--max-model-len", "65536"], f"{upstream}/health", logs / "ms.log"))
-            for i, (label, env) in enumerate(builds):
+            for i, (label, env) in enumerate(code):
                 gport = free_port()
                 procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
                                     "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gateway import Cpu, export_ref, pct, spawn  # noqa: E402
+from bench_gateway import Cpu, builds, pct, spawn  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.tokens import auth_headers  # noqa: E402
@@ -136,11 +136,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="polar-bench-streams-"))
     procs = []
     redis_server = start_embedded()
-    builds: list[tuple[str, dict[str, str]]] = []
-    if args.baseline:
-        old = export_ref(args.baseline, logs / "baseline")
-        builds.append((f"before ({args.baseline})", {"PYTHONPATH": str(old)}))
-    builds.append(("after (this tree)", {}))
+    code = builds(args.baseline, logs)
     os.chdir(logs)  # `python -m` puts the cwd first on sys.path: children import what PYTHONPATH says
     results: list[dict[str, Any]] = []
     try:
@@ -154,7 +150,7 @@ def main() -> int:
                             "--token-latency-ms", str(args.token_latency_ms)], f"{upstream}/health",
                            logs / "ms.log"))
         gateways = []
-        for i, (label, env) in enumerate(builds):
+        for i, (label, env) in enumerate(code):
             gport = free_port()
             procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
                                 "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
