@@ -74,6 +74,24 @@ def test_trend_criterion_tells_a_rise_from_noise():
     assert not rise_beyond_noise([0.44, 0.38, 0.56, 0.72], n)["passed"]          # +0.20 < 2 SE (0.22)
 
 
+def test_ci_criterion_takes_a_rise_that_levels_off():
+    """report.learnt (the CI test's assertion): the slope or the gain of the later steps over the
+    first, each at z 2.3. A real CI run that rose at once and then levelled off failed the slope
+    alone; flat, falling and noisy curves fail both."""
+    from examples.grpo.report import gain_beyond_noise, learnt, trend_beyond_noise
+
+    n = 32
+    levelled = [0.3125, 0.6875, 0.7188, 0.4688, 0.6875]  # the CI run
+    assert not trend_beyond_noise(levelled, n)["passed"] and learnt(levelled, n)["passed"]
+    g = gain_beyond_noise(levelled, n)
+    assert abs(g["gain"] - (0.640650 - 0.3125)) < 1e-4 and g["z"] > 3
+    assert learnt([0.28, 0.44, 0.62, 0.75], n)["passed"]                          # steady rise
+    for curve in ([0.31, 0.25, 0.38, 0.28, 0.34], [0.75, 0.62, 0.44, 0.28, 0.30],
+                  [0.47, 0.34, 0.75, 0.53, 0.41], [0.40, 0.52, 0.47, 0.55, 0.50]):  # flat, falling, noisy, +0.11
+        assert not learnt(curve, n)["passed"], curve
+    assert not gain_beyond_noise([0.30, 0.33, 0.36, 0.39], 10_000)["passed"]     # certain, but < 0.2
+
+
 @pytest.mark.parametrize("move,reward", [("left", 1.0), ("up", 0.0)])
 def test_the_cursor_grader_rewards_the_direction_its_task_names(tmp_path, move, reward):
     """The plug-in grader as postrun calls it: a GradeContext whose task carries metadata.target,

@@ -110,20 +110,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.seeds:
         simulate(args, args.seed, log=lambda m: print(m, flush=True))
         return 0
-    from examples.grpo.report import rise_beyond_noise, trend_beyond_noise
+    from examples.grpo.report import learnt, rise_beyond_noise, trend_beyond_noise
 
     n = args.prompts * args.group_size
-    held = {"trend": 0, "first-vs-last": 0}
+    held = {"trend": 0, "first-vs-last": 0, "ci (trend or gain, z 2.3)": 0}
     for seed in range(args.seed, args.seed + args.seeds):
         rewards = simulate(args, seed, log=lambda m: None)
         rise, trend = rise_beyond_noise(rewards, n), trend_beyond_noise(rewards, n)
         held["trend"] += trend["passed"]
         held["first-vs-last"] += rise["passed"]
+        held["ci (trend or gain, z 2.3)"] += learnt(rewards, n)["passed"]
         print(f"seed {seed}: {' '.join(f'{r:.2f}' for r in rewards)} | trend: slope {trend['slope']:+.3f}/step "
               f"z {trend['z']:.1f} fitted rise {trend['fitted_rise']:+.2f} {'pass' if trend['passed'] else 'FAIL'} | "
               f"first-vs-last: {rise['first']:.2f} -> {rise['last']:.2f} (noise {rise['noise']:.2f}) "
               f"{'pass' if rise['passed'] else 'FAIL'}", flush=True)
-    print(f"held in {args.seeds} seeds: trend {held['trend']}, first-vs-last {held['first-vs-last']} "
+    print(f"held in {args.seeds} seeds: trend {held['trend']}, first-vs-last {held['first-vs-last']}, "
+          f"CI criterion {held['ci (trend or gain, z 2.3)']} "
           f"({args.steps} steps x {args.prompts} prompts x {args.group_size} samples, lr {args.lr}, "
           f"epochs {args.epochs}, clip {args.clip})", flush=True)
     return 0

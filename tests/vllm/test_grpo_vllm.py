@@ -11,9 +11,10 @@ fixture below puts the overfit weights back and checks that the server answers e
 
 The CI run is shortened: 5 steps of 4 prompts x 8 samples (160 sessions), AdamW 3e-3 with 8 PPO
 epochs per batch, each step's lr scaled by the fraction of its groups whose rewards differ
-(``--lr-by-groups``; the demo uses 2e-3 x 4 over 10 steps). The assertion is a trend test over
-every step (``report.trend_beyond_noise``: the slope of the per-step mean reward beyond two
-binomial standard errors, and a fitted rise of at least 0.2 over the run). Settings and criterion
+(``--lr-by-groups``; the demo uses 2e-3 x 4 over 10 steps). The assertion (``report.learnt``) uses
+every step: the slope of the per-step mean reward, or the mean of the later steps over the first,
+beyond 2.3 binomial standard errors and by at least 0.2 (a fast rise that levels off fails a slope
+alone: 0.31 -> 0.69 0.72 0.47 0.69 did in a CI run). Settings and criterion
 were chosen with the offline proxy (``python -m examples.grpo.sim --steps 5 --seeds 32 --lr 3e-3
 --epochs 8 --lr-by-groups``) and measured on real runs: figures in docs/rl.md ("The CI test").
 The demo's own settings (6 steps, 2e-3 x 4) run with POLAR_FULL=1.
@@ -37,7 +38,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
 from examples.grpo import run as grpo_run  # noqa: E402
-from examples.grpo.report import trend_beyond_noise  # noqa: E402
+from examples.grpo.report import learnt  # noqa: E402
 
 from conftest import SERVED, served_model  # noqa: E402
 
@@ -109,7 +110,7 @@ def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
                          "--lr-by-groups")
     check_loop(rows, summary, steps, tmp_path / "run", shared_vllm)
     rewards = [r["mean_reward"] for r in rows]
-    verdict = trend_beyond_noise(rewards, PROMPTS * GROUP)
+    verdict = learnt(rewards, PROMPTS * GROUP)
     assert verdict["passed"], (rewards, verdict)
 
 
