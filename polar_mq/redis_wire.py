@@ -10,8 +10,8 @@ put those layers at ~11% of the gateway worker's CPU, more than the commands' ow
 `RedisWire` keeps its own LIFO list of redis-py `Connection` objects (made by the client's pool
 class with the client's settings: URL, password, db, TLS, timeouts are unchanged; replies are
 parsed by the same parser, hiredis when installed) and runs a command or a MULTI/EXEC on one of
-them. Before an idle connection is reused it is checked with one non-blocking MSG_PEEK (a closed
-one — Redis restarted — is replaced, so a command is never sent down a dead socket); a
+them. Before an idle connection is reused it is checked with one non-blocking peek
+(idle_socket.py; a closed one — Redis restarted — is replaced, so a command is never sent down a dead socket); a
 connection that fails mid-command is dropped, and the error (redis.ConnectionError /
 TimeoutError) reaches the caller exactly as through the client. At most `max_connections` are in
 use at once (callers wait for one: the gateway's thousand streams must not open a thousand
@@ -21,33 +21,15 @@ Redis connections at once).
 from __future__ import annotations
 
 import os
-import select
-import socket
 import threading
 from typing import Any, Sequence
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
+from .idle_socket import idle_and_open
+
 Command = tuple[Any, ...]
-
-
-def _idle_and_open(conn: Any) -> bool:
-    """Whether a pooled connection is still open with nothing unread (one syscall, no wait)."""
-    sock = getattr(conn, "_sock", None)
-    if sock is None:
-        return False
-    raw = getattr(sock, "_sock", None)  # gevent's cooperative socket wraps the OS socket
-    try:
-        if raw is not None:  # non-blocking underneath: a peek answers at once
-            raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            return False  # data nobody asked for, or b"" (closed by the server)
-        readable, _, _ = select.select([sock], [], [], 0)
-        return not readable
-    except BlockingIOError:
-        return True
-    except (OSError, ValueError):
-        return False
 
 
 class RedisWire:
@@ -67,7 +49,7 @@ class RedisWire:
                 self._idle, self._pid = [], os.getpid()
             while self._idle:
                 conn = self._idle.pop()
-                if _idle_and_open(conn):
+                if idle_and_open(getattr(conn, "_sock", None)):
                     return conn
                 conn.disconnect()
         conn = self._make()

@@ -290,7 +290,7 @@ def plain_chat(pool: UpstreamPool, body: dict[str, Any], record: CaptureRecord, 
             try:
                 err = read_stream(handle, call, acc)
             finally:
-                handle.close()
+                handle.release()
             if err is not None:
                 raise Aborted(err, acc.result() if acc.started else None, handle.url)
             if not acc.finished:

@@ -361,7 +361,7 @@ class Gateway:
             error = GatewayError("internal", f"gateway error: {exc}")
         finally:
             if handle is not None:
-                handle.close()
+                handle.release()
         if error is not None:
             if acc is not None and acc.started and handle is not None:
                 fill_partial(record, acc.result(), handle.url,
