@@ -104,25 +104,3 @@ def test_the_store_writes_the_same_record_through_the_wire(client):
     assert {**a, "session_id": "s2"} == b
     assert client.hlen(plain.keys.call_chunks("s1")) == client.hlen(wired.keys.call_chunks("s2")) > 0
 
-
-PROBE = """
-from gevent import monkey; monkey.patch_all()
-import socket
-from polar_mq.idle_socket import idle_and_open
-a, b = socket.socketpair()
-a.settimeout(30)  # a timeout must not make the check wait
-quiet = idle_and_open(a)
-b.sendall(b"x"); pending = idle_and_open(a); a.recv(1)
-b.close(); closed = idle_and_open(a)
-print(quiet, pending, closed)
-"""
-
-
-@pytest.mark.parametrize("gevent", [False, True], ids=["threads", "gevent"])
-def test_idle_check_tells_quiet_from_closed_or_pending(gevent):
-    import subprocess
-    import sys
-
-    code = PROBE if gevent else PROBE.replace("from gevent import monkey; monkey.patch_all()", "")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["True", "False", "False"], out.stderr
