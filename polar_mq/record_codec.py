@@ -155,7 +155,7 @@ def encode(record: CaptureRecord, encoder: Encoder | None = None) -> tuple[bytes
     """(envelope blob, new chunks to store, every digest it refers to). Pass one encoder to
     collect the chunks of several records."""
     enc = encoder or Encoder()
-    blob = ENVELOPE_MAGIC + zlib.compress(_pack(enc.envelope(record)), 6)
+    blob = ENVELOPE_MAGIC + zlib.compress(_pack(enc.envelope(record)), 1)
     return blob, enc.chunks, enc.used
 
 

@@ -17,6 +17,7 @@ import redis
 
 from . import record_codec, replies
 from .model import CaptureRecord, GatewaySession, Trajectory
+from .redis_wire import RedisWire
 
 
 class Keys:
@@ -253,11 +254,32 @@ return redis.call('GET', KEYS[1])
 """
 
 
+class Commands(list):
+    """Redis commands queued for one MULTI (what `GatewayStore._write` sends, and what its `also`
+    callers add), as argument tuples."""
+
+    def exists(self, key: str) -> None:
+        self.append(("EXISTS", key))
+
+    def hsetnx(self, key: str, field: Any, value: Any) -> None:
+        self.append(("HSETNX", key, field, value))
+
+    def rpush(self, key: str, value: Any) -> None:
+        self.append(("RPUSH", key, value))
+
+    def hdel(self, key: str, field: Any) -> None:
+        self.append(("HDEL", key, field))
+
+    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> None:
+        self.append(("EVAL", script, numkeys, *keys_and_args))
+
+
 class GatewayStore:
     """Sessions, session keys and capture records."""
 
-    def __init__(self, client: redis.Redis, keys: Keys | None = None):
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, wire: RedisWire | None = None):
         self.r = client
+        self.wire = wire  # the gateway's per-call commands without redis-py's pool layers
         self.keys = keys or Keys()
         self._known = KnownChunks()
         self._create = self.r.register_script(_CREATE_SESSION)
@@ -297,7 +319,8 @@ class GatewayStore:
         """Chunks (HSETNX: each stored once per session) and envelopes in one MULTI, so a reader
         never sees an envelope whose chunks are not there yet. Chunks this process stored before
         are not sent again; if the session's chunk hash vanished meanwhile (collected), the write
-        is redone in full."""
+        is redone in full. `also` adds the writer's own commands to the same MULTI
+        (proxy_app/admission.py); it is given a `Commands` list."""
         writes: list[tuple[str, dict[bytes, bytes], str, bytes]] = []
         relied: list[str] = []
         used: dict[str, set[bytes]] = {}
@@ -309,29 +332,44 @@ class GatewayStore:
                 relied.append(key)
             writes.append((key, chunks, self.keys.calls(rec.session_id), blob))
             used.setdefault(rec.session_id, set()).update(refs)
-        pipe = self.r.pipeline(transaction=True)
+        cmds = Commands()
         for key in relied:  # first in the MULTI: do the chunks relied upon still exist?
-            pipe.exists(key)
+            cmds.exists(key)
         for key, chunks, calls_key, blob in writes:
             for digest, stored in chunks.items():
-                pipe.hsetnx(key, digest, stored)
-            pipe.rpush(calls_key, blob)
-        if also is not None:  # the writer's own commands, in the same MULTI (proxy_app/admission.py)
-            also(pipe)
-        results = pipe.execute()
+                cmds.hsetnx(key, digest, stored)
+            cmds.rpush(calls_key, blob)
+        if also is not None:
+            also(cmds)
+        results = self._transaction(cmds)
         if relied and not all(results[:len(relied)]):
             for sid in used:
                 self._known.pop(sid, None)
             # The envelopes landed; store every chunk they refer to again (HSETNX keeps the rest).
-            pipe = self.r.pipeline(transaction=True)
+            again = Commands()
             for rec in records:
                 _, chunks, _ = record_codec.encode(rec)
                 for digest, stored in chunks.items():
-                    pipe.hsetnx(self.keys.call_chunks(rec.session_id), digest, stored)
-            pipe.execute()
+                    again.hsetnx(self.keys.call_chunks(rec.session_id), digest, stored)
+            self._transaction(again)
         for sid, refs in used.items():
             self._known.add(sid, refs)
         return len(records)
+
+    def _transaction(self, cmds: "Commands") -> list[Any]:
+        """One MULTI/EXEC: on the gateway's RedisWire when it has one (redis_wire.py), else a
+        redis-py pipeline. Replies in order; a command's error reply raises (ResponseError)
+        after the others ran, as a redis-py pipeline does."""
+        if self.wire is None:
+            pipe = self.r.pipeline(transaction=True)
+            for cmd in cmds:
+                pipe.execute_command(*cmd)
+            return list(pipe.execute())
+        results = self.wire.transaction(cmds)
+        for reply in results:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+        return results
 
     @_guard
     def append_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> None:

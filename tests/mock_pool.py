@@ -47,6 +47,9 @@ class MockStream:
     def close(self) -> None:
         self.closed = True
 
+    def release(self) -> None:  # done with a stream read to its end
+        self.closed = True
+
 
 def as_chunks(data: dict[str, Any]) -> list[dict[str, Any]]:
     """A plain vLLM answer (text only) as the chunks vLLM streams for it."""

@@ -15,6 +15,8 @@ import json
 import time
 from urllib.parse import urlsplit
 
+import pytest
+
 N_STREAMS = 256
 RAMP_S = 4.0
 SLEEP_S = 6.0
@@ -66,3 +68,54 @@ def test_one_worker_holds_hundreds_of_streams(gateway, session):
     calls = gateway.calls(session["session_id"])
     assert len(calls) == N_STREAMS
     assert all(c["status"] == "ok" and c["prompt_token_ids"] and c["completion_token_ids"] for c in calls)
+
+
+HIGH_FD_WRAPPER = """
+import os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+for _ in range(1100):  # inherited by the gateway: every socket it opens gets a descriptor >= 1100
+    os.set_inheritable(os.dup(0), True)
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+@pytest.fixture(scope="module")
+def high_fd_gateway(log_dir, redis_url, model_server):
+    """A gateway whose sockets all have descriptors past select()'s FD_SETSIZE (1024), as a worker
+    holding ~1,000 streams has them."""
+    import sys
+
+    from conftest import GatewayHandle, free_port, spawn, stop
+
+    port = free_port()
+    args = [sys.executable, "-c", HIGH_FD_WRAPPER, "-m", "polar_mq.cli", "gateway", "--host", "127.0.0.1",
+            "--port", str(port), "--redis", redis_url, "--workers", "1", "--upstream", model_server]
+    server = spawn(args, f"http://127.0.0.1:{port}/health", log_dir, f"gateway-highfd-{port}",
+                   env={"POLAR_SPOOL_DIR": str(log_dir / f"spool-{port}")})
+    yield GatewayHandle(url=server.url, upstream_url=model_server, redis_url=redis_url, server=server)
+    stop(server.proc)
+
+
+def test_streams_on_descriptors_past_1024_are_not_taken_for_gone_clients(high_fd_gateway):
+    """The call watcher's client-gone check used select.select, which refuses descriptors >= 1024:
+    the error read as "client gone" and the stream was aborted after its first event (523 of
+    1,024 streams in bench/bench_gateway_streams.py). Streams held past the watcher's ticks here
+    must all finish with content."""
+    session = high_fd_gateway.new_session()
+    body = {"model": "stand-in", "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": "hello polar:notool polar:sleep=1.5"}]}
+    parts = urlsplit(high_fd_gateway.url)
+    path = f"/s/{session['key']}/v1/chat/completions"
+
+    async def storm() -> list[dict]:
+        payload = json.dumps(body).encode()
+        t0 = time.monotonic()
+        return await asyncio.gather(*[_stream(parts.hostname, parts.port, path, payload, t0) for _ in range(16)])
+
+    results = asyncio.run(storm())
+    bad = [r["data"][-300:] for r in results if b'"content":"' not in r["data"] or b"[DONE]" not in r["data"]
+           or b"cancelled" in r["data"]]
+    assert not bad, f"{len(bad)} of 16 streams failed, e.g. {bad[0]!r}"
+    calls = high_fd_gateway.calls(session["session_id"])
+    assert len(calls) == 16 and all(c["status"] == "ok" for c in calls)

@@ -187,3 +187,47 @@ def test_garbage_answer_is_a_protocol_error() -> None:
     with pytest.raises(http11.ProtocolError):
         http11.Http11Pool().request("POST", server.root, "/", b"{}")
     server.stop()
+
+
+def _sse_answer(terminator_delay: float | None) -> Callable[[socket.socket, bytes, int], None]:
+    """A chunked SSE answer ending in [DONE]; the chunked terminator after `terminator_delay` s
+    (None: never, the connection stays open)."""
+    def answer(conn: socket.socket, req: bytes, n: int) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for payload in (b'data: {"n": %d}\n\n' % n, b"data: [DONE]\n\n"):
+            conn.sendall(b"%x\r\n%s\r\n" % (len(payload), payload))
+        if terminator_delay is not None:
+            time.sleep(terminator_delay)
+            conn.sendall(b"0\r\n\r\n")
+    return answer
+
+
+def _read_to_done(pool: http11.Http11Pool, root: str) -> list:
+    from polar_mq.proxy_app.upstream import UpstreamStream
+
+    stream = UpstreamStream(pool.request("POST", root, "/v1/chat/completions", b"{}"), root)
+    stream.start()
+    chunks = list(stream.chunks())
+    assert stream.done  # stopped at [DONE], before the chunked terminator
+    stream.release()
+    return chunks
+
+
+def test_a_stream_read_to_done_leaves_its_connection_reusable() -> None:
+    server = RawServer(_sse_answer(0.005))  # the terminator a moment after [DONE]
+    pool = http11.Http11Pool()
+    assert [_read_to_done(pool, server.root) for _ in range(3)] == [[{"n": 1}], [{"n": 2}], [{"n": 3}]]
+    assert server.connections == 1  # each call's connection served the next one
+    server.stop()
+
+
+def test_a_stream_without_its_terminator_is_closed_not_pooled() -> None:
+    server = RawServer(_sse_answer(None))
+    pool = http11.Http11Pool(timeout=30)
+    t0 = time.monotonic()
+    assert _read_to_done(pool, server.root) == [{"n": 1}]
+    assert time.monotonic() - t0 < 5  # bounded by the release wait, not the read timeout
+    assert server.closed_by_client.wait(5)
+    assert _read_to_done(pool, server.root) == [{"n": 2}]
+    assert server.connections == 2
+    server.stop()

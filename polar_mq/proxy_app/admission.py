@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..redis_wire import RedisWire
 from ..store import Keys
 
 # KEYS: key mapping, cancelled flag, session in-flight hash, paused flag, in-flight by gateway,
@@ -61,15 +62,19 @@ class Admission:
         self.keys = keys
         self.gateway_id = gateway_id
         self._enter = client.register_script(_ENTER)
+        self.wire: RedisWire | None = None  # set by the gateway (redis_wire.py)
 
     def enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> Ticket:
         """One round trip; `key`: a session key resolved from the cache, checked again here.
         Redis errors propagate (the caller falls back to the uncounted path)."""
         k = self.keys
-        state, admitted, version = self._enter(
-            keys=[k.gateway_key(key or ""), k.session_cancelled(session_id), k.session_inflight(session_id),
-                  k.gateway_paused(), k.gateway_inflight_by_gateway(), k.policy_version()],
-            args=[session_id, call_id, repr(now), self.gateway_id, "1" if key else "0"])
+        keys = [k.gateway_key(key or ""), k.session_cancelled(session_id), k.session_inflight(session_id),
+                k.gateway_paused(), k.gateway_inflight_by_gateway(), k.policy_version()]
+        args = [session_id, call_id, repr(now), self.gateway_id, "1" if key else "0"]
+        if self.wire is not None:
+            state, admitted, version = self.wire.evalsha(self._enter.sha, _ENTER, keys, args)
+        else:
+            state, admitted, version = self._enter(keys=keys, args=args)
         return Ticket(int(state), bool(admitted), None if version in (None, False) else int(version))
 
     def leave(self, pipe: Any, session_id: str, call_id: str, counted: bool) -> None:

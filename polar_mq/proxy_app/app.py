@@ -11,6 +11,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ..settings import GatewaySettings
+from ..redis_wire import RedisWire
 from ..store import GatewayStore
 from ..tokens import redact
 from . import fastjson
@@ -88,7 +89,8 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
     if store is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is required")
-        store = GatewayStore(redis_client(settings.redis_url))
+        client = redis_client(settings.redis_url)
+        store = GatewayStore(client, wire=RedisWire(client))
     if pool is None:
         pool = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
                             connect_timeout=settings.connect_timeout, retries=settings.retries,

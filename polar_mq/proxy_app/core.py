@@ -115,6 +115,7 @@ class Gateway:
         self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
         self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
         self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
+        self.admission.wire = store.wire
         self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
         self._keys_lock = threading.Lock()
         self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
@@ -360,7 +361,7 @@ class Gateway:
             error = GatewayError("internal", f"gateway error: {exc}")
         finally:
             if handle is not None:
-                handle.close()
+                handle.release()
         if error is not None:
             if acc is not None and acc.started and handle is not None:
                 fill_partial(record, acc.result(), handle.url,

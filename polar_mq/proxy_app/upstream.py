@@ -69,6 +69,9 @@ class NoStreamIds(Exception):
     """The upstream streamed without prompt token ids: it cannot give a trainable streamed record."""
 
 
+RELEASE_WAIT = 0.05  # s: how long a finished stream's chunked terminator may take to arrive
+
+
 class UpstreamStream:
     """An open streaming chat completion: its SSE `data:` payloads, parsed, as they arrive."""
 
@@ -127,6 +130,19 @@ class UpstreamStream:
             self.resp.close()
         except Exception:  # closing a broken connection must not raise
             pass
+
+    def release(self) -> None:
+        """Done with the stream: after its [DONE] the rest of the body (the chunked terminator)
+        is read briefly so the connection can serve the next call; otherwise it is closed (an
+        unfinished generation is aborted upstream)."""
+        finish = getattr(self.resp, "finish_within", None)
+        if self.done and finish is not None:
+            try:
+                finish(RELEASE_WAIT)
+                return
+            except Exception:
+                pass
+        self.close()
 
 
 def _stream_failure(url: str, exc: BaseException) -> GatewayError:

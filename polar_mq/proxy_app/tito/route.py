@@ -175,6 +175,9 @@ class ChatChunks:
     def close(self) -> None:
         self.stream.close()
 
+    def release(self) -> None:
+        self.stream.release()
+
     def chunks(self) -> Iterator[dict[str, Any]]:
         route, eos = self.route, self.route.tok.eos_token_id
         detok = Detokenizer(route.tok)

@@ -1,0 +1,106 @@
+"""RedisWire (the gateway's per-call Redis commands without redis-py's pool layers) against a real
+redis-server: same replies as the client, scripts loaded when Redis forgot them, transactions
+whole, a restarted Redis never answered on a dead socket, and the store's record write through it
+equal to the pipeline's."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from polar_mq.embedded_redis import start_embedded
+from polar_mq.model import CaptureRecord
+from polar_mq.redis_wire import RedisWire
+from polar_mq.store import GatewayStore
+
+SCRIPT = "redis.call('HINCRBY', KEYS[1], ARGV[1], 1) return {1, redis.call('HGET', KEYS[1], ARGV[1])}"
+
+
+@pytest.fixture()
+def client(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    return r
+
+
+def test_commands_and_scripts_answer_as_the_client(client):
+    wire = RedisWire(client)
+    assert wire.execute("SET", "k", b"v") in (True, b"OK", "OK")
+    assert wire.execute("GET", "k") == client.get("k") == b"v"
+    client.script_flush()
+    sha = client.script_load(SCRIPT)
+    client.script_flush()  # Redis forgot it: EVALSHA answers NOSCRIPT, the wire loads it with EVAL
+    assert wire.evalsha(sha, SCRIPT, ["h"], ["f"]) == [1, b"1"]
+    assert wire.evalsha(sha, SCRIPT, ["h"], ["f"]) == [1, b"2"]  # now by digest
+    with pytest.raises(redis.ResponseError):
+        wire.execute("HGET", "k", "f")  # WRONGTYPE: raised as the client raises it
+    assert wire.execute("GET", "k") == b"v"  # and the connection is still usable
+
+
+def test_transaction_is_one_multi_and_reports_errors_in_place(client):
+    wire = RedisWire(client)
+    client.set("s", "x")
+    replies = wire.transaction([("RPUSH", "l", b"a"), ("HSET", "s", "f", "v"), ("RPUSH", "l", b"b")])
+    assert replies[0] == 1 and isinstance(replies[1], redis.ResponseError) and replies[2] == 2
+    assert client.lrange("l", 0, -1) == [b"a", b"b"]  # the others ran (as MULTI does)
+    with pytest.raises(redis.ResponseError):  # rejected while queueing: nothing runs (EXECABORT)
+        wire.transaction([("RPUSH", "l", b"c"), ("NOSUCHCOMMAND",)])
+    assert client.llen("l") == 2
+
+
+def test_a_restarted_redis_is_reached_on_a_new_connection():
+    server = start_embedded()
+    try:
+        wire = RedisWire(redis.Redis.from_url(server.url))
+        wire.execute("SET", "a", "1")
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        server.stop()
+        server = start_embedded(int(port))
+        # The pooled connection was to the old process: it is found closed before use and
+        # replaced, not written to (the command would be lost on a dead socket).
+        assert wire.execute("SET", "a", "2") in (True, b"OK", "OK")
+        assert wire.execute("GET", "a") == b"2"
+        server.stop()
+        with pytest.raises(redis.ConnectionError):  # Redis gone: the client's error, as redis-py
+            wire.execute("GET", "a")
+    finally:
+        server.stop()
+
+
+def test_connections_are_bounded_and_reused(client):
+    wire = RedisWire(client, max_connections=3)
+    before = len(client.client_list())
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for i in range(50):
+                wire.execute("INCR", "n")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and int(client.get("n")) == 400
+    assert len(client.client_list()) - before <= 3
+
+
+def test_the_store_writes_the_same_record_through_the_wire(client):
+    rec = CaptureRecord(session_id="s1", call_id="c1", provider="openai_chat", started_at=1.0,
+                        messages=[{"role": "user", "content": "hello " * 40}],
+                        prompt_token_ids=list(range(600)), completion_token_ids=[1, 2, 3],
+                        completion_logprobs=[-0.1, -0.2, -0.3])
+    plain = GatewayStore(client)
+    wired = GatewayStore(client, wire=RedisWire(client))
+    plain.append_call(rec)
+    wired.append_call(CaptureRecord.from_dict({**rec.to_dict(), "session_id": "s2"}),
+                      also=lambda cmds: cmds.hdel("inflight:s2", "c1"))
+    a, b = plain.calls("s1")[0].to_dict(), wired.calls("s2")[0].to_dict()
+    assert {**a, "session_id": "s2"} == b
+    assert client.hlen(plain.keys.call_chunks("s1")) == client.hlen(wired.keys.call_chunks("s2")) > 0
+
