@@ -382,6 +382,21 @@ class GatewayStore:
         pipe.lrange(self.keys.calls(session_id), 0, -1)
         pipe.hgetall(self.keys.call_chunks(session_id))
         blobs, chunks = pipe.execute()
+        return self._decode_calls(blobs, chunks)
+
+    @_guard
+    def inflight_and_calls(self, session_id: str) -> tuple[int, list[CaptureRecord]]:
+        """`inflight_calls` and `calls` read at one moment, in one round trip (postrun's wait
+        for a session's last calls, then its read, were two per session)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hlen(self.keys.session_inflight(session_id))
+        pipe.lrange(self.keys.calls(session_id), 0, -1)
+        pipe.hgetall(self.keys.call_chunks(session_id))
+        inflight, blobs, chunks = pipe.execute()
+        return int(inflight), self._decode_calls(blobs, chunks)
+
+    @staticmethod
+    def _decode_calls(blobs: list[bytes], chunks: dict[bytes, bytes]) -> list[CaptureRecord]:
         reader = record_codec.ChunkReader(chunks)
         records = [record_codec.decode(b, reader) for b in blobs]
         records.sort(key=lambda rec: rec.started_at)

@@ -97,6 +97,9 @@ def make_pipeline(gateway, base: Path, *, redis_server=None, **env: str) -> Pipe
                 "POLAR_SESSIONS_DIR": str(base / "sessions"), "POLAR_RESULTS_DIR": str(base / "results"),
                 "POLAR_LEASE_TTL": "3", "POLAR_JANITOR_INTERVAL": "1", "POLAR_READY_CAPACITY": "2",
                 "POLAR_CALLBACK_BACKOFF": "0.2",
+                # As `polar-mq up` without Flower: stage hand-offs use tasks/publish.py (a test that
+                # needs Celery's task events, or its send_task path, passes POLAR_TASK_EVENTS="1").
+                "POLAR_TASK_EVENTS": "0",
                 # Tests look into finished sessions' work dirs; test_longrun_cleanup checks removal.
                 "POLAR_KEEP_WORKDIRS": "1", **env}
     p = Pipeline(redis_url=server.url, gateway_url=gateway.url, env=settings, log_dir=base)

@@ -49,7 +49,7 @@ def test_procfile_has_every_role():
 
 
 def test_flower_lists_the_stage_pools(gateway, tmp_path):
-    p = make_pipeline(gateway, tmp_path)
+    p = make_pipeline(gateway, tmp_path, POLAR_TASK_EVENTS="1")
     flower = None
     try:
         for stage in ("init", "run", "postrun"):

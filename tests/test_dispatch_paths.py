@@ -9,6 +9,7 @@ keeps the HTTP path.
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,15 @@ def test_gateway_sessions_go_direct_once_redis_is_seen_shared(gateway: Any, redi
     assert [c.to_dict() for c in calls] == [c.to_dict() for c in GatewayClient(gateway.url, TOKEN).calls(sid)]
     again = client.create_session(sid, "t", {"k": 2})  # a re-registration gets the same key back
     assert again["key"] == second["key"]
+    # Postrun's wait-then-read in one round trip per look: the same records; a call still in
+    # flight is waited for (bounded) and reported.
+    still, same = client.idle_calls(sid, 1.0)
+    assert still == 0 and [c.to_dict() for c in same] == [c.to_dict() for c in calls]
+    assert direct.call_started(sid, "call-in-flight")
+    t0 = time.monotonic()
+    still, same = client.idle_calls(sid, 0.5)
+    assert still == 1 and time.monotonic() - t0 >= 0.5 and len(same) == 1
+    assert client.wait_idle(sid, 0.0) == 1  # the two-step path agrees
 
 
 def test_gateway_on_another_redis_stays_on_http(gateway: Any, redis_url: str) -> None:

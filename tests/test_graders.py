@@ -375,3 +375,31 @@ def test_grade_context_for_a_session_carries_the_typed_record_and_task(tmp_path)
     g = run_grading(f"{__name__}:SeesItsSession", {"timeout_seconds": 5}, TRAJ, ctx)
     assert g.reward == 1.0 and g.details == {"task": "t-ctx", "runtime": "local", "image": "img", "left": True}
     assert ctx.deadline is None  # the grader got its own copy with the budget's deadline
+
+
+def test_instant_grader_runs_in_the_callers_thread_plugins_keep_their_budget_thread(monkeypatch):
+    import threading
+
+    from polar_mq import graders
+
+    seen: list[str] = []
+
+    class Spy(graders.CompletionGrader):
+        def evaluate(self, trajectory, context):
+            seen.append(threading.current_thread().name)
+            return super().evaluate(trajectory, context)
+
+    monkeypatch.setitem(graders._BUILTIN, "completion", f"{__name__}:_SpyHolder.cls")
+    monkeypatch.setattr(_SpyHolder, "cls", Spy, raising=False)
+    assert graders.is_instant("completion")
+    grade = run_grading("completion", None, TRAJ)
+    assert grade.reward == 1.0 and grade.status == "ok" and seen == [threading.current_thread().name]
+    # The same class registered as a plug-in is not trusted to be instant: graded in a thread.
+    monkeypatch.setitem(graders._REGISTERED, "my-completion", Spy)
+    assert not graders.is_instant("my-completion") and not graders.is_instant("test_runner")
+    grade = run_grading("my-completion", None, TRAJ)
+    assert grade.reward == 1.0 and seen[-1] == "grade-s1"
+
+
+class _SpyHolder:
+    cls: object = None

@@ -40,6 +40,7 @@ class CompletionGrader(Grader):
     """1.0 if the session COMPLETED, else 0.0."""
 
     name = "completion"
+    instant = True  # reads the trajectory only: graded in the caller's thread (graders/run.py)
 
     def __init__(self, **config: Any):
         if config:
@@ -97,6 +98,14 @@ def resolve(strategy: str) -> Any:
                      f"or 'module:Class')")
 
 
+def is_instant(strategy: str) -> bool:
+    """A built-in grader that only reads the trajectory (no runtime, commands or I/O), so it
+    cannot hang and needs no budget thread: `completion`."""
+    if strategy in _REGISTERED or strategy not in _BUILTIN:
+        return False
+    return bool(getattr(resolve(strategy), "instant", False))
+
+
 def split_config(config: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the grader's own config, the common options in COMMON_KEYS)."""
     own = dict(config or {})
@@ -122,5 +131,5 @@ def grader_timeout(config: dict[str, Any] | None) -> float:
 
 
 __all__ = ["COMMON_KEYS", "DEFAULT_TIMEOUT", "ENTRY_POINT_GROUP", "ERROR", "OK", "TIMEOUT", "CompletionGrader",
-           "Grade", "GradeContext", "Grader", "GraderTimeout", "InfraError", "available", "grader_timeout", "load_grader",
+           "Grade", "GradeContext", "Grader", "GraderTimeout", "InfraError", "available", "grader_timeout", "is_instant", "load_grader",
            "register", "resolve", "split_config"]

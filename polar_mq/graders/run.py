@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from ..model import Trajectory
-from . import grader_timeout, load_grader, split_config
+from . import grader_timeout, is_instant, load_grader, split_config
 from .base import Grade, GradeContext
 
 log = logging.getLogger("polar_mq.graders")
@@ -37,13 +37,19 @@ def run_grading(strategy: str, config: dict[str, Any] | None, trajectory: Trajec
             log.exception("grader %s failed for %s", strategy, trajectory.session_id)
             box["grade"] = Grade.error(f"grader {strategy!r} failed: {type(exc).__name__}: {exc}")
 
+    if is_instant(strategy):  # no thread to start and join per session (~0.1 ms, bench_dispatch)
+        work()
+        return _as_grade(box["grade"], strategy)
     thread = threading.Thread(target=work, name=f"grade-{trajectory.session_id}", daemon=True)
     thread.start()
     thread.join(budget + grace)
     if thread.is_alive():
         return Grade.timeout(f"grader {strategy!r} still running {budget + grace:.0f} s after it started "
                              f"(budget {budget:.0f} s)", reward=None)
-    grade = box["grade"]
+    return _as_grade(box["grade"], strategy)
+
+
+def _as_grade(grade: Any, strategy: str) -> Grade:
     if not isinstance(grade, Grade):  # a plug-in returning a bare number or dict
         if isinstance(grade, (int, float)):
             grade = Grade(float(grade))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import select
 import shutil
 import signal
@@ -44,6 +45,43 @@ def spawn_args(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
     if _SETPRIV:
         return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
     return argv, _die_with_parent
+
+
+# Words bash passes through unchanged: no quoting, expansion, globbing, redirection or operators.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+# bash's builtins and keywords: a command starting with one of these needs bash (`true`/`false`
+# without arguments exit the same as /usr/bin/true and /usr/bin/false, so they may skip it).
+_BASH_ONLY = frozenset(
+    ". : [ alias bg bind break builtin caller cd command compgen complete compopt continue declare dirs "
+    "disown echo enable eval exec exit export false fc fg getopts hash help history jobs kill let local "
+    "logout mapfile popd printf pushd pwd read readarray readonly return set shift shopt source suspend "
+    "test times trap true type typeset ulimit umask unalias unset wait "
+    "if then else elif fi case esac for select while until do done in function time coproc".split())
+
+
+def command_argv(command: str | list[str], path: str) -> list[str]:
+    """The argv that runs a harness or prepare command: a list as is; a string through `bash -c`,
+    or directly when it is plain words whose first is an executable on `path` (the command's
+    PATH) — then it is exactly the process `bash -c` would have exec'd, without a bash first.
+
+    Not a login shell (`bash -lc` before): /etc/profile reset the command's PATH to the system
+    default, so a string command saw another PATH than an argv command or the runtime's `env`
+    gave it, and reading the profiles was ~1 ms of CPU per session (bench/bench_dispatch.py)."""
+    if not isinstance(command, str):
+        return list(command)
+    words = re.split(r"[ \t]+", command.strip(" \t"))  # bash's word separators (a newline ends a command)
+    if all(_PLAIN_WORD.fullmatch(w) for w in words) and "=" not in words[0]:
+        head = words[0]
+        if head in ("true", "false") and len(words) == 1:
+            head = shutil.which(head, path=path) or ""
+        elif head in _BASH_ONLY:
+            head = ""
+        # Only absolute PATH entries and absolute paths: the command runs in the work dir.
+        found = shutil.which(head, path=os.pathsep.join(d for d in path.split(os.pathsep) if os.path.isabs(d))) \
+            if head and ("/" not in head or os.path.isabs(head)) else None
+        if found:
+            return words
+    return ["bash", "-c", command]
 
 
 def kill_group(pgid: int, grace: float = 2.0) -> None:
@@ -160,8 +198,11 @@ class LocalRuntime:
     def exec(self, handle: RuntimeHandle, command: str | list[str], *, env: dict[str, str],
              timeout: float | None, log_path: Path, should_stop: Callable[[], bool] | None = None,
              on_start: OnStart | None = None, heartbeat: Callable[[], None] | None = None) -> ExecResult:
-        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
-        return supervise(argv, cwd=handle.workdir, env=base_env(handle, env), timeout=timeout,
+        full_env = base_env(handle, env)
+        argv = command_argv(command, full_env["PATH"])
+        if isinstance(command, str) and argv[0] != "bash":
+            full_env.setdefault("PWD", handle.workdir)  # as bash would have exported it
+        return supervise(argv, cwd=handle.workdir, env=full_env, timeout=timeout,
                          log_path=log_path, should_stop=should_stop, on_start=on_start,
                          heartbeat=heartbeat)
 

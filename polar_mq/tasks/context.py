@@ -116,6 +116,21 @@ class GatewayClient:
                 return n
             time.sleep(0.2)
 
+    def idle_calls(self, session_id: str, timeout: float) -> tuple[int, list[CaptureRecord]]:
+        """`wait_idle` then `calls`: (calls still in flight when the wait ended, the recorded
+        calls). Direct, the in-flight count and the records come in one round trip per look."""
+        if self.shared_root() is not None and self.direct is not None:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    n, calls = self.direct.inflight_and_calls(session_id)
+                except Exception:  # Redis unreachable: the two steps below, as before
+                    break
+                if n == 0 or time.monotonic() >= deadline:
+                    return n, [as_record(call, session_id) for call in calls]
+                time.sleep(0.2)
+        return self.wait_idle(session_id, timeout), self.calls(session_id)
+
     def _inflight(self, session_id: str) -> int:
         if self.shared_root() is not None and self.direct is not None:
             try:

@@ -299,8 +299,8 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     outcome = rec.outcome or states.ERROR
     # A call still running when the harness stopped is recorded once it ends (aborted if the
     # session was cancelled): wait for it, bounded, so the trajectory keeps it.
-    still = ctx.gateway.wait_idle(rec.gateway_session_id, ctx.settings.postrun_wait) if rec.gateway_session_id else 0
-    calls = ctx.gateway.calls(rec.gateway_session_id) if rec.gateway_session_id else []
+    still, calls = ctx.gateway.idle_calls(rec.gateway_session_id, ctx.settings.postrun_wait) \
+        if rec.gateway_session_id else (0, [])
     try:
         traj = merge.build(task.builder.strategy, calls, task.builder.config or None,
                            session_id=session_id, task_id=rec.task_id, status=outcome)

@@ -15,6 +15,7 @@ from ..store import GatewayStore, connect
 from . import callbacks, stages
 from .celery_app import make_celery
 from .context import GatewayClient, StageContext
+from .publish import sender
 from .janitor import start_janitor, start_node_beat, start_orphan_reaper
 from .routing import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_enqueue
 
@@ -37,7 +38,7 @@ def context() -> StageContext:
         _ctx = StageContext(settings=settings, store=store,
                             gateway=GatewayClient(settings.gateway_url, settings.gateway_token,
                                                   direct=GatewayStore(store.r)),  # if shared: context.py
-                            enqueue=make_enqueue(app.send_task, store), node=f"{settings.node}:{os.getpid()}")
+                            enqueue=make_enqueue(sender(app, store.r, settings.redis_url), store), node=f"{settings.node}:{os.getpid()}")
     return _ctx
 
 
