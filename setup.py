@@ -30,10 +30,9 @@ setup(
         "prometheus_client>=0.17",  # gateway /metrics (histograms across gunicorn workers)
         "gevent>=23.9",  # gateway workers: ~1,000 open streams per process (proxy_app/serve.py)
         "orjson>=3.9",  # gateway: 80 KB bodies parsed/serialised ~5-10x faster than json (proxy_app/fastjson.py)
-        # gateway: Redis replies parsed in C (redis-py uses it when installed) and gunicorn's C
-        # HTTP/1.1 parser (gunicorn>=27 picks it up by itself); py-spy --gil of the small-chat
-        # path had redis-py's pure-Python reply reader and gunicorn's request parser at ~15%
-        "hiredis>=2",
+        # gunicorn's C HTTP/1.1 parser (gunicorn>=27 picks it up by itself): with hiredis above,
+        # py-spy --gil of the gateway's small-chat path had redis-py's pure-Python reply reader
+        # and gunicorn's request parser at ~15% of the worker's CPU
         "gunicorn_h1c>=0.4.1",
     ],
     extras_require={
