@@ -98,3 +98,31 @@ def test_login_profile_is_not_read(tmp_path):
     result = runtime.exec(handle, "echo ran", env={}, timeout=30, log_path=tmp_path / "h.log")
     assert result.exit_code == 0
     assert "ran" in result.output_tail and "PROFILE-READ" not in result.output_tail
+
+
+def test_exit_watch_waits_on_descriptors_past_1024() -> None:
+    """The local runtime waits for a harness on a pidfd; with select.select a worker whose pidfd
+    had a descriptor >= 1024 got ValueError instead of a wait."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    from polar_mq.runtimes.local import ExitWatch
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    filler = [os.dup(0) for _ in range(1100)]
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+        watch = ExitWatch(proc)
+        assert watch.fd is None or watch.fd >= 1024
+        t0 = time.monotonic()
+        assert watch.wait(0.05) is False  # still running: waited, did not raise
+        assert watch.wait(10) is True and time.monotonic() - t0 < 5
+        watch.close()
+    finally:
+        for fd in filler:
+            os.close(fd)

@@ -120,7 +120,11 @@ class ExitWatch:
                 return True
             except subprocess.TimeoutExpired:
                 return False
-        select.select([self.fd], [], [], timeout)
+        # poll, not select.select: select refuses descriptors >= 1024, which a worker process
+        # holding many files reaches (ValueError, not a wait)
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.poll(max(0.0, timeout) * 1000)
         return self.proc.poll() is not None
 
     def close(self) -> None:
