@@ -112,6 +112,8 @@ def test_exit_watch_waits_on_descriptors_past_1024() -> None:
     from polar_mq.runtimes.local import ExitWatch
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2048:
+        pytest.skip("the hard limit on open files is below 2048 here")
     if soft < 1200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
     filler = [os.dup(0) for _ in range(1100)]
