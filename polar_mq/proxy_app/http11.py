@@ -29,7 +29,7 @@ import ipaddress
 import socket
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from ..idle_socket import idle_and_open
 from . import fastjson
@@ -295,6 +295,7 @@ class Http11Pool:
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
         self._addr: dict[str, tuple[int, str] | None] = {}
+        self.on_connect: Callable[[str], None] | None = None  # a new connection to root (metrics)
 
     def _connect(self, key: tuple[str, int]) -> _Conn:
         host, port = key
@@ -323,6 +324,8 @@ class Http11Pool:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
+        if self.on_connect is not None:
+            self.on_connect(f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}")
         return _Conn(sock, key)
 
     def _idle_conn(self, key: tuple[str, int]) -> _Conn | None:

@@ -82,6 +82,10 @@ class GatewayMetrics:
                               ["provider", "kind"], **reg)
         self.retries = Counter("polar_mq_gateway_upstream_retries", "upstream attempts retried",
                                ["upstream", "kind"], **reg)
+        self.connects = Counter("polar_mq_gateway_upstream_connections_opened",
+                                "TCP connections the gateway opened to an upstream for generations (a "
+                                "kept-alive one serves many calls: a rate near the call rate means none is)",
+                                ["upstream"], **reg)
         self.inflight = Gauge("polar_mq_gateway_inflight_generations", "generations in flight in this gateway",
                               multiprocess_mode="livesum", **reg)
         self.tito = Counter("polar_mq_gateway_tito_continuations",
@@ -119,6 +123,9 @@ class GatewayMetrics:
     def on_retry(self, upstream: str, error: Any) -> None:
         self.retries.labels(upstream, getattr(error, "kind", "error")).inc()
 
+    def on_connect(self, upstream: str) -> None:
+        self.connects.labels(upstream).inc()
+
     def on_inflight(self, delta: int) -> None:
         self.inflight.inc(delta)
 
@@ -137,6 +144,9 @@ def install(app: Flask, gw: "Gateway") -> GatewayMetrics:
     metrics = GatewayMetrics()
     gw.recorder.observers.append(metrics.observe)
     gw.pool.on_retry = metrics.on_retry
+    lean = getattr(gw.pool, "lean", None)  # the upstream pool's HTTP/1.1 client (a test pool has none)
+    if lean is not None:
+        lean.on_connect = metrics.on_connect
     gw.pause.observers.append(metrics.on_inflight)
     app.extensions["polar_gateway_metrics"] = metrics
 

@@ -204,3 +204,22 @@ def test_gateway_health_sees_vllm_token_ids(vllm_gateway):
     h = requests.get(f"{vllm_gateway.url}/health", timeout=10).json()
     text = json.dumps(h)
     assert "token_ids" in text and '"token_ids": true' in text, h
+
+
+def _connections_opened(gw) -> float:
+    text = requests.get(f"{gw.url}/metrics", headers=gw.admin_headers, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("polar_mq_gateway_upstream_connections_opened_total"))
+
+
+def test_calls_reuse_the_kept_alive_vllm_connection(vllm_gateway):
+    """vLLM (uvicorn) keeps connections alive; the gateway must too: 8 calls, no new connection. A stream read to its [DONE]
+    used to close its connection before the chunked terminator, so every call, plain ones included
+    (streamed internally), opened a new one."""
+    s = vllm_gateway.new_session()
+    _openai_chat(s, stream=False)  # warm: at most one connection opened here
+    before = _connections_opened(vllm_gateway)
+    for stream in (False, True, False, True):
+        _openai_chat(s, stream=stream)
+    assert _connections_opened(vllm_gateway) - before == 0
+    assert len(vllm_gateway.calls(s["session_id"])) == 10  # two calls per round trip
