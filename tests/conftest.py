@@ -144,6 +144,12 @@ class GatewayHandle:
         assert resp.status_code == 200, resp.text
         return resp.json()["calls"]
 
+    def inflight(self, session_id: str) -> int:
+        """The session's calls in flight at the gateway (admitted, not yet recorded)."""
+        resp = requests.get(f"{self.url}/sessions/{session_id}", headers=self.admin_headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        return int(resp.json().get("inflight_calls") or 0)
+
     def trajectory(self, session_id: str, builder: str = "per_request") -> dict[str, Any]:
         resp = requests.get(f"{self.url}/sessions/{session_id}/trajectory", params={"builder": builder},
                             headers=self.admin_headers, timeout=30)
