@@ -245,9 +245,9 @@ class Response:
     def finish_within(self, seconds: float, max_bytes: int = RECV) -> bool:
         """Read what is left of the body if it comes within `seconds` (at most `max_bytes`), so
         that the connection goes back to the pool; else close it. For a stream whose last event
-        was read: an SSE reader stops at `data: [DONE]`, before the chunked terminator that
-        follows it, and closing there threw away the kept-alive connection of every streamed
-        call (cProfile of the small-chat path: one TCP connect per call). Returns whether the
+        was read: an SSE reader stops at `data: [DONE]`; when the chunked terminator had not come
+        in the same read, closing there threw the kept-alive connection away (vLLM usually sends
+        both together; tests/test_http11.py has a server that does not). Returns whether the
         connection was kept."""
         conn = self._conn
         if self._done:
