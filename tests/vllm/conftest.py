@@ -137,7 +137,8 @@ def _start(kind: str, config) -> None:
     port = free_port()
     log = _LOG_DIR[0] / f"vllm-{kind}-{port}.log"
     fh = open(log, "wb")
-    proc = subprocess.Popen(vllm_cpu.server_command(_model_for(kind), port), stdout=fh, stderr=subprocess.STDOUT,
+    # lowest CPU priority: the tests time the gateway's reactions while vLLM generates
+    proc = subprocess.Popen(vllm_cpu.in_background(vllm_cpu.server_command(_model_for(kind), port)), stdout=fh, stderr=subprocess.STDOUT,
                             env=vllm_cpu.server_env(), cwd=str(log.parent), start_new_session=True)
     fh.close()
     _STARTED[kind] = (proc, f"http://127.0.0.1:{port}", log, time.time())
