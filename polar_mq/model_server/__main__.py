@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
-import threading
 
 
 def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser:
@@ -32,7 +32,19 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from werkzeug.serving import make_server
+    # gevent's WSGI server, monkey-patched before the app's modules are imported: HTTP/1.1 with
+    # keep-alive as vLLM's uvicorn answers (a connection serves request after request, a body of
+    # unknown length goes out chunked), and one greenlet per connection, so the slow streams of
+    # bench/bench_gateway_streams.py cost no thread each. werkzeug's dev server, used before,
+    # closes every connection (it cannot drain a body before the next request line), so every
+    # gateway call to the stand-in paid a TCP connect on both sides of bench/bench_gateway.py
+    # that production does not.
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+    import gevent
+    from gevent.pywsgi import WSGIServer
 
     from .app import ServerConfig, create_app
     from .script import load_script
@@ -49,23 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=args.chat_template,
     )
     app = create_app(config)
-    server = make_server(args.host, args.port, app, threaded=True)
+    class Server(WSGIServer):
+        def handle(self, sock, address):  # type: ignore[no-untyped-def]
+            # TCP_NODELAY as uvicorn sets it: a response written in pieces (head, then body or
+            # chunks) otherwise waits for the client's delayed ACK (Nagle), 40 ms per call here
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return super().handle(sock, address)
+
+    server = Server((args.host, args.port), app, log=None, error_log=None, backlog=2048)
+    server.init_socket()
     port = server.server_port
-    stop = threading.Event()
 
-    def _shutdown(signum, frame):  # noqa: ARG001
-        if not stop.is_set():
-            stop.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
+    def _shutdown() -> None:
+        server.stop(timeout=1)
 
-    signal.signal(signal.SIGTERM, _shutdown)
-    signal.signal(signal.SIGINT, _shutdown)
+    gevent.signal_handler(signal.SIGTERM, _shutdown)
+    gevent.signal_handler(signal.SIGINT, _shutdown)
     print(f"polar-mq model-server ready on http://{args.host}:{port} "
           f"(model {args.served_model_name}, max_model_len {args.max_model_len})", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
+    server.serve_forever()
     return 0
 
 
