@@ -13,7 +13,10 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
+
+from .token_ids import plain
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -96,7 +99,9 @@ class CaptureRecord(Record):
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     response_message: dict[str, Any] | None = None
-    prompt_token_ids: list[int] = field(default_factory=list)
+    # A list, or at the gateway the TokenIds of the upstream's text (token_ids.py: counted and
+    # stored without making 29k ints); to_dict gives a list either way.
+    prompt_token_ids: Sequence[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
     completion_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -121,6 +126,13 @@ class CaptureRecord(Record):
     policy_version: int | None = None
     held_ms: float = 0.0
     tito_reason: str | None = None  # "continued", or why not (proxy_app/tito/matching.py)
+
+    def to_dict(self, text_ids: bool = False) -> dict[str, Any]:
+        """Plain data; `text_ids` leaves a TokenIds as it is (the record codec stores its text)."""
+        out = super().to_dict()
+        if not text_ids:
+            out["prompt_token_ids"] = plain(out["prompt_token_ids"])
+        return out
 
 
 @dataclass

@@ -29,8 +29,10 @@ from typing import Any
 import msgpack
 
 from .model import CaptureRecord
+from .token_ids import TokenIds, parse_ids
 
 ID_BLOCK = 256  # prompt ids per shared block
+TEXT_BLOCK = 1536  # bytes of id text per shared block of a TokenIds (~256 ids of 5 digits)
 INLINE_MAX = 48  # packed values up to this size stay in the envelope (a reference costs ~14 B)
 ENVELOPE_MAGIC = b"\xc1\x01"  # 0xc1 is never used by msgpack: old whole-record blobs never start so
 _RAW, _ZLIB = b"m", b"z"
@@ -135,6 +137,31 @@ class Encoder:
         out.extend(ids[full:])
         return out
 
+    def text_ids(self, ids: TokenIds) -> list[Any]:
+        """Prompt ids that arrived as text (token_ids.py) as shared blocks of that text, cut at
+        the first comma after every TEXT_BLOCK bytes (cuts depend only on the text before them,
+        so consecutive calls share their leading blocks), and the last piece inline. A block
+        this process saw before (BLOCKS, keyed by a BLAKE2b-128 of its text) and whose chunk is
+        stored for the session is referenced without parsing it; a new block is parsed and
+        stored like any other (same digest as the same ids from a list). Decoding is unchanged:
+        a record's blocks are concatenated whatever their sizes."""
+        out: list[Any] = []
+        for piece, whole in ids.pieces(TEXT_BLOCK):
+            if not whole:
+                out.extend(parse_ids(piece))
+                break
+            key = hashlib.blake2b(piece, digest_size=16, person=b"polar-ids-text").digest()
+            digest = BLOCKS.get(key)
+            if digest is not None and (digest in self.known or digest in self.chunks):
+                self.used.add(digest)
+                out.append(digest)
+                continue
+            ref = self.ref(parse_ids(piece))
+            if isinstance(ref, bytes):
+                BLOCKS.put(key, ref)
+            out.append(ref)
+        return out
+
     def request(self, body: Any) -> Any:
         if not isinstance(body, dict):
             return body if body is None else self.ref(body)
@@ -142,12 +169,13 @@ class Encoder:
                 for k, v in body.items()}
 
     def envelope(self, record: CaptureRecord) -> dict[str, Any]:
-        env = record.to_dict()
+        env = record.to_dict(text_ids=True)
         env["messages"] = self.refs(record.messages or [])
         env["tools"] = self.ref(record.tools or [])
         env["response_message"] = self.ref(record.response_message)
         env["request"] = self.request(record.request)
-        env["prompt_token_ids"] = self.ids(list(record.prompt_token_ids or []))
+        ids = record.prompt_token_ids
+        env["prompt_token_ids"] = self.text_ids(ids) if isinstance(ids, TokenIds) else self.ids(list(ids or []))
         return env
 
 

@@ -73,7 +73,8 @@ def error_body(message: str, code: int, err_type: str | None = None, param: str 
 
 
 def _json_response(obj: Any, status: int = 200) -> Response:
-    return Response(json.dumps(obj, ensure_ascii=False), status=status, mimetype="application/json")
+    # compact, as vLLM writes it (starlette's JSONResponse; pydantic's model_dump_json for stream chunks)
+    return Response(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), status=status, mimetype="application/json")
 
 
 def _error_response(e: APIError) -> Response:
@@ -313,7 +314,7 @@ def system_fingerprint(config: "ServerConfig") -> str:
 
 
 def _sse(obj: Any) -> str:
-    return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
 # ---- app factory ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import msgpack
 
 from .. import jsonsafe
 from ..model import CaptureRecord
+from ..token_ids import as_ids
 from ..store import GatewayStore, StoreUnavailable, pack
 from .adapters.base import ChatRequest, ChatResult, GatewayError
 
@@ -37,7 +38,7 @@ def new_record(session_id: str, provider: str, req: ChatRequest, body: dict[str,
 
 def fill_result(record: CaptureRecord, result: ChatResult, upstream_url: str) -> None:
     record.response_message = result.message
-    record.prompt_token_ids = list(result.prompt_token_ids or [])
+    record.prompt_token_ids = as_ids(result.prompt_token_ids or [])  # a TokenIds stays text
     record.completion_token_ids = list(result.completion_token_ids or [])
     record.completion_logprobs = list(result.logprobs or [])
     record.finish_reason = result.finish_reason
@@ -61,7 +62,7 @@ def fill_partial(record: CaptureRecord, result: ChatResult, upstream_url: str,
     `aborted`: the gateway stopped it (budget timeout, cancel, client gone), not the upstream;
     such a record gets finish_reason "abort" and enters trajectories with its partial answer."""
     record.response_message = result.message
-    record.prompt_token_ids = list(result.prompt_token_ids or [])
+    record.prompt_token_ids = as_ids(result.prompt_token_ids or [])  # a TokenIds stays text
     record.completion_token_ids = list(result.completion_token_ids or [])
     record.completion_logprobs = list(result.logprobs or [])
     record.finish_reason = ABORTED if aborted else None

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -22,7 +22,8 @@ from . import fastjson, http11
 from .adapters.base import ChatResult, GatewayError
 # The wire codec (pure) lives in vllm_wire.py; these names stay importable from here.
 from .vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator, _prompt_ids,  # noqa: F401
-                        chunk_error, map_client_error, normalise_message, parse_chat_response)
+                        chunk_error, load_first_chunk, map_client_error, normalise_message,
+                        parse_chat_response)
 
 log = logging.getLogger("polar_mq.upstream")
 
@@ -91,15 +92,16 @@ class UpstreamStream:
                 return
             yield from self._sse.feed(piece)
 
-    def _next(self, it: Iterator[bytes]) -> dict[str, Any] | None:
-        """The next chunk; None at [DONE] or the end. Transport failures become GatewayErrors."""
+    def _next(self, it: Iterator[bytes], first: bool = False) -> dict[str, Any] | None:
+        """The next chunk; None at [DONE] or the end. Transport failures become GatewayErrors.
+        The first chunk's prompt ids stay text (vllm_wire.load_first_chunk)."""
         try:
             for data in it:
                 if data.strip() == b"[DONE]":
                     self.done = True
                     return None
                 try:
-                    chunk = fastjson.loads(data)
+                    chunk = load_first_chunk(data, fastjson.loads) if first else fastjson.loads(data)
                 except ValueError as exc:
                     raise GatewayError("upstream_error", f"upstream {self.url} sent an invalid stream "
                                        f"chunk: {exc}") from exc
@@ -114,7 +116,7 @@ class UpstreamStream:
 
     def start(self) -> dict[str, Any] | None:
         self._it = self._payloads()
-        self._pending = self._next(self._it)
+        self._pending = self._next(self._it, first=True)
         return self._pending
 
     def chunks(self) -> Iterator[dict[str, Any]]:
@@ -398,7 +400,7 @@ class UpstreamPool:
             if up.token_ids:
                 up.stream_token_ids = self._probe_stream(up, probe)
                 if result is not None:
-                    up.token_in = self._probe_token_in(up, probe["model"], result.prompt_token_ids or [])
+                    up.token_in = self._probe_token_in(up, probe["model"], list(result.prompt_token_ids or []))
             elif up.token_ids is False:
                 up.stream_token_ids = False
             if up.token_ids is False:
@@ -408,7 +410,7 @@ class UpstreamPool:
                           up.root)
         return up
 
-    def _probe_token_in(self, up: Upstream, model: str, prompt_ids: list[int]) -> bool | None:
+    def _probe_token_in(self, up: Upstream, model: str, prompt_ids: Sequence[int]) -> bool | None:
         """Token-in generation: `/v1/completions` with a token-id prompt gives back that very
         prompt and the sampled ids (token-in continuation needs both). None: the probe failed."""
         if not prompt_ids:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
+from ..token_ids import TokenIds, as_ids
 from .adapters.base import (START, TEXT, REASONING, TOOL_ARGS, TOOL_START, ChatResult, GatewayError,
                             StreamEvent)
 
@@ -27,7 +28,37 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
 
-def _prompt_ids(chunk: dict[str, Any]) -> list[int] | None:
+_PROMPT_IDS_KEY = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
+
+
+def load_first_chunk(data: bytes, loads: Callable[[bytes], Any]) -> Any:
+    """A stream's first chunk, parsed by `loads`, with its `prompt_token_ids` (top level for chat,
+    in the choice for completions) kept as text: a TokenIds (token_ids.py) instead of a list of
+    Python ints, which cost ~0.6 ms of CPU per call at 29k ids and which nothing on the gateway's
+    path needs. The array is cut out of the bytes before parsing and put back after; a chunk
+    whose ids are anything but plain non-negative integers is parsed as it is. (A key inside a
+    JSON string cannot match: its quotes are escaped there.)"""
+    match = _PROMPT_IDS_KEY.search(data)
+    if match is None:
+        return loads(data)
+    end = data.find(b"]", match.end())
+    ids = TokenIds.from_array_text(data[match.end():end]) if end > 0 else None
+    if ids is None:
+        return loads(data)
+    chunk = loads(data[:match.end() - 1] + b"null" + data[end + 1:])
+    if not isinstance(chunk, dict):
+        return loads(data)
+    if "prompt_token_ids" in chunk and chunk["prompt_token_ids"] is None:
+        chunk["prompt_token_ids"] = ids
+        return chunk
+    for choice in chunk.get("choices") or []:
+        if isinstance(choice, dict) and "prompt_token_ids" in choice and choice["prompt_token_ids"] is None:
+            choice["prompt_token_ids"] = ids
+            return chunk
+    return loads(data)  # the array was somewhere else: parse the chunk as it came
+
+
+def _prompt_ids(chunk: dict[str, Any]) -> Sequence[int] | None:
     """The prompt ids of a first stream chunk: top level for chat, in the choice for completions."""
     if chunk.get("prompt_token_ids") is not None:
         return chunk["prompt_token_ids"]
@@ -97,7 +128,7 @@ class StreamAccumulator:
         self.model = ""
         self.created = 0
         self.started = False
-        self.prompt_ids: list[int] | None = None
+        self.prompt_ids: Sequence[int] | None = None
         self.ids: list[int] = []
         self.ids_seen = False
         self.logprobs: list[float] = []
@@ -118,7 +149,7 @@ class StreamAccumulator:
         self.chunks += 1
         events: list[StreamEvent] = []
         if chunk.get("prompt_token_ids") is not None and self.prompt_ids is None:
-            self.prompt_ids = list(chunk["prompt_token_ids"])
+            self.prompt_ids = as_ids(chunk["prompt_token_ids"])
         if not self.started:
             self.started = True
             self.id = chunk.get("id") or f"chatcmpl-{uuid.uuid4().hex}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, overload
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, TypeVar, Union, overload
 
 orjson: ModuleType | None
 try:
@@ -90,7 +90,7 @@ class ChatResult:
     model: str
     message: dict[str, Any]
     finish_reason: str
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: Sequence[int] | None = None  # a list, or the stream's TokenIds (token_ids.py)
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     prompt_tokens: int = 0

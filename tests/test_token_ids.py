@@ -1,0 +1,155 @@
+"""Prompt ids kept as the upstream's JSON text (polar_mq/token_ids.py): the first stream chunk's
+`prompt_token_ids` is cut out before parsing (vllm_wire.load_first_chunk), counted from its
+commas, stored as blocks of its text (record_codec.Encoder.text_ids), and equal everywhere to the
+list an ordinary parse gives."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import orjson
+import pytest
+
+from polar_mq import record_codec
+from polar_mq.model import CaptureRecord
+from polar_mq.proxy_app import fastjson
+from polar_mq.proxy_app.upstream import UpstreamStream
+from polar_mq.proxy_app.vllm_wire import StreamAccumulator, load_first_chunk
+from polar_mq.token_ids import TokenIds
+
+
+def text_of(ids: list[int]) -> bytes:
+    return json.dumps(ids, separators=(",", ":"))[1:-1].encode()
+
+
+@pytest.mark.parametrize("ids", [[], [0], [7, 151643], list(range(1000)),
+                                 [random.Random(3).randrange(0, 200_000) for _ in range(5000)]])
+def test_text_ids_count_and_equal_the_parsed_list(ids):
+    tid = TokenIds.from_array_text(text_of(ids))
+    assert tid is not None
+    assert len(tid) == len(ids) and bool(tid) == bool(ids)
+    assert tid == ids and ids == tid and tid.to_list() == ids and list(tid) == ids
+    if ids:
+        assert tid[0] == ids[0] and tid[-1] == ids[-1] and tid[1:3] == ids[1:3]
+    assert tid != ids + [1]
+
+
+@pytest.mark.parametrize("text", [b"1,,2", b",1", b"1,", b"1 2", b"1, 2", b" 1", b"-1,2", b"1.5", b"1e3",
+                                  b"null", b'"1"', b"[1]", b"1,2\n"])
+def test_anything_but_compact_non_negative_ints_is_left_to_the_parser(text):
+    assert TokenIds.from_array_text(text) is None
+
+
+def chunk(ids: list[int], where: str = "top", separators=(",", ":")) -> bytes:
+    body: dict = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}]}
+    if where == "top":
+        body["prompt_token_ids"] = ids
+    else:
+        body["choices"][0]["prompt_token_ids"] = ids
+    return json.dumps(body, separators=separators).encode()
+
+
+@pytest.mark.parametrize("where", ["top", "choice"])
+def test_first_chunk_keeps_prompt_ids_as_text_and_everything_else_as_parsed(where):
+    ids = list(range(100, 400))
+    data = chunk(ids, where)
+    got = load_first_chunk(data, fastjson.loads)
+    holder = got if where == "top" else got["choices"][0]
+    assert isinstance(holder["prompt_token_ids"], TokenIds)
+    assert holder["prompt_token_ids"] == ids
+    assert {**got, **({"prompt_token_ids": ids} if where == "top" else {})} == {
+        **orjson.loads(data), **({"prompt_token_ids": ids} if where == "top" else {})}
+    if where == "choice":
+        assert got["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_first_chunk_without_plain_ids_parses_as_before():
+    for data in (chunk([1, 2], separators=(", ", ": ")), chunk([]).replace(b"[]", b"null"),
+                 b'{"choices":[],"usage":{"prompt_tokens":3}}',
+                 # the key's text inside content is escaped, so it is never cut
+                 json.dumps({"choices": [{"delta": {"content": '"prompt_token_ids":[1,2]'}}]}).encode()):
+        got = load_first_chunk(data, fastjson.loads)
+        assert got == orjson.loads(data)
+        assert not any(isinstance(v, TokenIds) for v in got.values())
+
+
+def test_a_stream_accumulates_text_ids_into_its_result():
+    ids = list(range(5000, 5300))
+    acc = StreamAccumulator()
+    acc.feed(load_first_chunk(chunk(ids), fastjson.loads))
+    acc.feed({"choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [9], "finish_reason": "stop",
+                           "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]}}]})
+    result = acc.result()
+    assert isinstance(result.prompt_token_ids, TokenIds) and result.prompt_token_ids == ids
+
+
+def record(session: str, ids) -> CaptureRecord:
+    return CaptureRecord(session_id=session, provider="openai_chat", messages=[{"role": "user", "content": "x"}],
+                         prompt_token_ids=ids, completion_token_ids=[1], completion_logprobs=[-0.1])
+
+
+def test_text_ids_store_as_shared_blocks_and_decode_to_the_list():
+    rng = random.Random(5)
+    first = [rng.randrange(0, 150_000) for _ in range(20_000)]
+    second = first + [rng.randrange(0, 150_000) for _ in range(700)]
+    stored: dict[bytes, bytes] = {}
+    known: set[bytes] = set()
+    new_per_call = []
+    for ids in (first, second, second):
+        rec = record("s-text-ids", TokenIds.from_array_text(text_of(ids)))
+        blob, chunks, used = record_codec.encode(rec, record_codec.Encoder(set(known)))
+        new_per_call.append(len(chunks))
+        stored.update(chunks)
+        known |= used
+        back = record_codec.decode(blob, stored)
+        assert back.prompt_token_ids == ids and type(back.prompt_token_ids) is list
+        # the same record with a list decodes to the same
+        blob2, chunks2, _ = record_codec.encode(record("s-text-ids", ids), record_codec.Encoder(set()))
+        assert record_codec.decode(blob2, chunks2).prompt_token_ids == ids
+    # the second call stores only the blocks past the shared prefix; the third nothing new
+    assert new_per_call[0] > 50 and new_per_call[1] <= 6 and new_per_call[2] == 0
+
+
+def test_to_dict_gives_plain_lists_and_equality_holds():
+    ids = list(range(40))
+    rec = record("s", TokenIds.from_array_text(text_of(ids)))
+    same = CaptureRecord.from_dict({**rec.to_dict(), "prompt_token_ids": ids})
+    assert type(rec.to_dict()["prompt_token_ids"]) is list
+    assert rec.to_dict() == same.to_dict()
+    assert rec == same
+    assert isinstance(rec.to_dict(text_ids=True)["prompt_token_ids"], TokenIds)
+
+
+class _Raw:
+    """A response body that arrives in pieces (what the upstream socket gives)."""
+
+    def __init__(self, data: bytes, piece: int):
+        self.parts = [data[i:i + piece] for i in range(0, len(data), piece)]
+
+    def read1(self, n: int) -> bytes:
+        return self.parts.pop(0) if self.parts else b""
+
+
+class _Resp:
+    def __init__(self, data: bytes, piece: int):
+        self.raw = _Raw(data, piece)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("piece", [7, 4096, 1 << 20])
+def test_an_upstream_stream_cuts_the_first_chunk_only(piece):
+    ids = list(range(3000))
+    body = (b"data: " + chunk(ids) + b"\n\n"
+            + b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[5]}],"prompt_token_ids":[1,2]}\n\n'
+            + b"data: [DONE]\n\n")
+    stream = UpstreamStream(_Resp(body, piece), "http://up")  # type: ignore[arg-type]
+    first = stream.start()
+    assert isinstance(first["prompt_token_ids"], TokenIds) and first["prompt_token_ids"] == ids
+    rest = list(stream.chunks())[1:]
+    assert rest[0]["prompt_token_ids"] == [1, 2] and type(rest[0]["prompt_token_ids"]) is list
+    assert stream.done
