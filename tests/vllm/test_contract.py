@@ -260,3 +260,29 @@ def test_token_in_continuation_request_same(stream, messages, vllm_url, standin_
     assert ("<tool_call>" in text_a) == ("<tool_call>" in text_b) == (messages is ASK)
     if messages is ASK:  # the overfit model was trained to answer this as the stand-in does
         assert ids_a == ids_b and text_a == text_b
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_first_chunk_prompt_ids_take_the_text_path(path, vllm_url, standin_url):
+    """The gateway keeps a first chunk's prompt ids as text (token_ids.py) only when they are written
+    compactly, as vLLM writes them: both servers' raw first chunks must take that path (else the
+    stand-in would benchmark a gateway that parses 29k ints real vLLM never makes it parse)."""
+    from polar_mq.proxy_app import fastjson
+    from polar_mq.proxy_app.vllm_wire import _prompt_ids, load_first_chunk
+    from polar_mq.token_ids import TokenIds
+
+    if path == "/v1/chat/completions":
+        extra = {"messages": ASK}
+    else:  # token-in: a prompt of ids
+        extra = {"prompt": post(vllm_url, "/tokenize", {"model": SERVED, "messages": HELLO,
+                                                        "add_generation_prompt": True}).json()["tokens"]}
+    body = {"model": SERVED, "temperature": 0, "max_tokens": 4, "stream": True, "return_token_ids": True, **extra}
+    for url in (vllm_url, standin_url):
+        resp = post(url, path, body, stream=True)
+        assert resp.status_code == 200, resp.text
+        first = next(line for line in resp.iter_lines() if line.startswith(b"data: {"))[6:]
+        resp.close()
+        chunk = load_first_chunk(first, fastjson.loads)
+        ids = _prompt_ids(chunk)
+        assert isinstance(ids, TokenIds), (url, first[:300])
+        assert ids == _prompt_ids(fastjson.loads(first)) and len(ids) > 3
