@@ -153,3 +153,32 @@ def test_an_upstream_stream_cuts_the_first_chunk_only(piece):
     rest = list(stream.chunks())[1:]
     assert rest[0]["prompt_token_ids"] == [1, 2] and type(rest[0]["prompt_token_ids"]) is list
     assert stream.done
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_ids = st.lists(st.integers(min_value=0, max_value=2 ** 70), max_size=300)  # past 64 bits: orjson's floats
+_text = st.text(alphabet=st.sampled_from(list('ab"\\[],: {}prompt_token_ids0123')), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=_ids, content=_text, where=st.sampled_from(["top", "choice", "both", "none"]),
+       spaced=st.booleans(), extra_key=_text)
+def test_fuzz_first_chunk_parses_exactly_as_orjson(ids, content, where, spaced, extra_key):
+    """Whatever the chunk (ids anywhere or nowhere, strings that quote the key, Python's spacing),
+    load_first_chunk gives what orjson gives, with at most the prompt ids as an equal TokenIds."""
+    body: dict = {"id": "c", extra_key: content,
+                  "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    if where in ("top", "both"):
+        body["prompt_token_ids"] = ids
+    if where in ("choice", "both"):
+        body["choices"][0]["prompt_token_ids"] = ids
+    data = json.dumps(body, separators=(", ", ": ") if spaced else (",", ":")).encode()
+    got = load_first_chunk(data, fastjson.loads)
+    assert got == orjson.loads(data)  # a TokenIds equals the list it stands for
+    if spaced and len(ids) > 1:  # only the compact form (vLLM's) takes the text path
+        assert not any(isinstance(v, TokenIds) for v in (got, *got["choices"]) for v in v.values())
+    for holder in (got, *got["choices"]):
+        ids_value = holder.get("prompt_token_ids")
+        if isinstance(ids_value, TokenIds):
+            assert len(ids_value) == len(ids) and list(ids_value) == orjson.loads(orjson.dumps(ids) if max(ids, default=0) < 2 ** 64 else json.dumps(ids).encode())
