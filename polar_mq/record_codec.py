@@ -41,7 +41,7 @@ _RAW, _ZLIB = b"m", b"z"
 Chunks = dict[bytes, bytes]  # digest -> stored (maybe compressed) bytes
 
 
-def digest(data: bytes, size: int = 12) -> bytes:
+def digest(data: bytes | memoryview, size: int = 12) -> bytes:
     """A content address: SHA-256, truncated. Why not BLAKE2b, as before: OpenSSL's SHA-256 runs on
     the CPU's SHA extensions (x86 SHA-NI, ARMv8 crypto), 0.035 ms per 64 KB here against
     BLAKE2b's 0.067 ms, and the gateway hashes every large request value and the whole prompt's
