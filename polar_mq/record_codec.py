@@ -25,7 +25,7 @@ import hashlib
 import threading
 import zlib
 from array import array
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -131,20 +131,26 @@ class Encoder:
         out: list[Any] = []
         step = ID_BLOCK * 4
         for n, i in enumerate(range(0, full, ID_BLOCK)):
-            key = None
-            if raw is not None:
-                key = digest(raw[n * step:(n + 1) * step], 16)
-                known = BLOCKS.get(key)
-                if known is not None and (known in self.known or known in self.chunks):
-                    self.used.add(known)
-                    out.append(known)
-                    continue
-            ref = self.ref(ids[i:i + ID_BLOCK])
-            if key is not None and isinstance(ref, bytes):
-                BLOCKS.put(key, ref)
-            out.append(ref)
+            if raw is None:
+                out.append(self.ref(ids[i:i + ID_BLOCK]))
+            else:
+                out.append(self._block(digest(raw[n * step:(n + 1) * step], 16),
+                                       lambda: ids[i:i + ID_BLOCK]))
         out.extend(ids[full:])
         return out
+
+    def _block(self, key: bytes, ids_of: Callable[[], list[int]]) -> Any:
+        """One prompt-id block by its BLOCKS key: the digest this process stored for the session
+        before, without building the ids again; else `ids_of()` (called at once) referenced and
+        remembered."""
+        known = BLOCKS.get(key)
+        if known is not None and (known in self.known or known in self.chunks):
+            self.used.add(known)
+            return known
+        ref = self.ref(ids_of())
+        if isinstance(ref, bytes):
+            BLOCKS.put(key, ref)
+        return ref
 
     def text_ids(self, ids: TokenIds) -> list[Any]:
         """Prompt ids that arrived as text (token_ids.py) as shared blocks of that text, cut at
@@ -159,16 +165,8 @@ class Encoder:
             if not whole:
                 out.extend(parse_ids(piece))
                 break
-            key = digest(b"t" + piece, 16)  # "t": text pieces apart from uint32 blocks
-            known = BLOCKS.get(key)
-            if known is not None and (known in self.known or known in self.chunks):
-                self.used.add(known)
-                out.append(known)
-                continue
-            ref = self.ref(parse_ids(piece))
-            if isinstance(ref, bytes):
-                BLOCKS.put(key, ref)
-            out.append(ref)
+            # "t": text pieces keyed apart from uint32 blocks
+            out.append(self._block(digest(b"t" + piece, 16), lambda: parse_ids(piece)))
         return out
 
     def request(self, body: Any) -> Any:

@@ -23,8 +23,8 @@ _WHITESPACE = b" \t\r\n"
 
 
 class TokenIds(Sequence[int]):
-    """Non-negative integer ids as the text between a JSON array's brackets (`1,2,3` or `1, 2, 3`).
-    Immutable; equal to any sequence of the same ints."""
+    """Non-negative integer ids as the compact text between a JSON array's brackets (`1,2,3`).
+    Immutable; equal to any list or tuple of the same ints."""
 
     __slots__ = ("text", "_list", "_len")
 

@@ -4,15 +4,13 @@ reach it (tests/vllm/test_abort_vllm.py). Checked with a stand-in command in its
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("vllm_cpu", ROOT / "scripts" / "vllm_cpu.py")
-vllm_cpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(vllm_cpu)
+from examples.grpo.vllm_policy import vllm_cpu as _load_vllm_cpu
+
+vllm_cpu = _load_vllm_cpu()  # scripts/vllm_cpu.py, loaded by path as the example and tests/vllm do
 
 
 def test_in_background_lowers_the_task_and_its_autogroup():

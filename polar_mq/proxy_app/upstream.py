@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -410,7 +410,7 @@ class UpstreamPool:
                           up.root)
         return up
 
-    def _probe_token_in(self, up: Upstream, model: str, prompt_ids: Sequence[int]) -> bool | None:
+    def _probe_token_in(self, up: Upstream, model: str, prompt_ids: list[int]) -> bool | None:
         """Token-in generation: `/v1/completions` with a token-id prompt gives back that very
         prompt and the sampled ids (token-in continuation needs both). None: the probe failed."""
         if not prompt_ids:
