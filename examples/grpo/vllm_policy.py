@@ -109,8 +109,7 @@ class PolicyServer:
         t0 = time.time()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.log_path, "ab")
-        # lowest CPU priority (vllm_cpu.in_background): the gateway must keep up while it generates
-        self.proc = subprocess.Popen(vllm_cpu().in_background(self.command()), stdout=fh, stderr=subprocess.STDOUT, env=self.env(),
+        self.proc = subprocess.Popen(self.command(), stdout=fh, stderr=subprocess.STDOUT, env=self.env(),
                                      cwd=str(self.log_path.parent), start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

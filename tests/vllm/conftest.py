@@ -137,8 +137,7 @@ def _start(kind: str, config) -> None:
     port = free_port()
     log = _LOG_DIR[0] / f"vllm-{kind}-{port}.log"
     fh = open(log, "wb")
-    # lowest CPU priority: the tests time the gateway's reactions while vLLM generates
-    proc = subprocess.Popen(vllm_cpu.in_background(vllm_cpu.server_command(_model_for(kind), port)), stdout=fh, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(vllm_cpu.server_command(_model_for(kind), port), stdout=fh, stderr=subprocess.STDOUT,
                             env=vllm_cpu.server_env(), cwd=str(log.parent), start_new_session=True)
     fh.close()
     _STARTED[kind] = (proc, f"http://127.0.0.1:{port}", log, time.time())
@@ -246,6 +245,18 @@ def vllm_model() -> Path:
         vllm_cpu.build()
         TIMINGS["build models"] = time.time() - t
     return vllm_cpu.model_path("overfit")
+
+
+@pytest.fixture(scope="module")
+def vllm_lowered(vllm_url):
+    """The suite's vLLM at the lowest CPU priority for one module (scripts/vllm_cpu.py `lowered`):
+    for tests that time the gateway's reactions while vLLM generates on a small box."""
+    started = _STARTED.get("overfit")
+    if started is None:  # POLAR_VLLM_URL: a server this suite did not start
+        yield False
+        return
+    with vllm_cpu.lowered(started[0].pid) as done:
+        yield done
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,16 @@ import re
 import threading
 import time
 
+import pytest
 import requests
 
 SERVED = "tiny"
 WANT = 6000  # max-model-len is 8192 (scripts/vllm_cpu.py)
+
+
+# vLLM at the lowest CPU priority here: on 2 cores its generation otherwise starves the gateway
+# for seconds, and no abort can land before the generation ends (scripts/vllm_cpu.py lowered)
+pytestmark = pytest.mark.usefixtures("vllm_lowered")
 
 
 def metric(vllm_url: str, name: str) -> float:
