@@ -34,6 +34,10 @@ setup(
         # py-spy --gil of the gateway's small-chat path had redis-py's pure-Python reply reader
         # and gunicorn's request parser at ~15% of the worker's CPU
         "gunicorn_h1c>=0.4.1",
+        # vector passes over the bytes of a stream's prompt ids (token_ids.py): checking and
+        # counting the 29k ids of the recorded Claude Code request took 0.23 ms with the stdlib's
+        # translate and big-int passes, 0.02 ms with numpy
+        "numpy>=1.24",
     ],
     extras_require={
         "dev": [

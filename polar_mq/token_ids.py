@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
+import numpy as np
 import orjson
 
-_COMMA_BIT = bytes.maketrans(b",0123456789", b"\x01" + b"\x00" * 10)  # a comma: 1, a digit: 0
+_COMMA, _ZERO = ord(","), ord("0")
 _WHITESPACE = b" \t\r\n"
 
 
@@ -37,17 +38,18 @@ class TokenIds(Sequence[int]):
     def from_array_text(cls, text: bytes) -> TokenIds | None:
         """The ids of `text` (what is between `[` and `]`) written compactly, as vLLM writes them
         (`1,2,3`), or None for anything else (a sign, a fraction, whitespace, an empty element):
-        the caller parses that the ordinary way. Checked with C-level passes only (~0.2 ms on
-        118 KB): the characters, no comma at either end, no two commas together (a big-int AND
-        of the comma map with itself shifted by one byte), and the count from the commas."""
+        the caller parses that the ordinary way. Checked in numpy's vector passes over the bytes
+        (~0.02 ms on 118 KB; the stdlib's translate and big-int passes took 0.23 ms): only digits
+        and commas, no comma at either end or next to another, the count from the commas."""
         if not text:
             return cls(b"", 0)
-        if text.translate(None, b"0123456789,") or text[:1] == b"," or text[-1:] == b",":
+        raw = np.frombuffer(text, np.uint8)
+        comma = raw == _COMMA
+        if not (((raw - _ZERO) <= 9) | comma).all():  # uint8: a byte below "0" wraps past 9
             return None
-        commas = int.from_bytes(text.translate(_COMMA_BIT), "little")
-        if commas & (commas >> 8):
+        if comma[0] or comma[-1] or (comma[1:] & comma[:-1]).any():
             return None
-        return cls(text, commas.bit_count() + 1)
+        return cls(text, int(np.count_nonzero(comma)) + 1)
 
     def __len__(self) -> int:
         return self._len
@@ -81,19 +83,19 @@ class TokenIds(Sequence[int]):
     def __repr__(self) -> str:
         return f"TokenIds({self._len} ids)"
 
-    def pieces(self, min_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    def spans(self, min_bytes: int) -> tuple[list[tuple[int, int]], int]:
         """The text cut at the first comma at or after every `min_bytes` (a cut depends only on
-        the text before it, so two prompts that share a prefix share their leading pieces);
-        yields (piece, whether it is a whole piece: the last one may be shorter)."""
+        the text before it, so two prompts that share a prefix share their leading pieces):
+        ([(start, end) of each whole piece], where the last, shorter piece starts)."""
         text = self.text
+        spans: list[tuple[int, int]] = []
         pos = 0
-        n = len(text)
-        while pos < n:
-            cut = text.find(b",", pos + min_bytes)
+        find = text.find
+        while True:
+            cut = find(b",", pos + min_bytes)
             if cut < 0:
-                yield text[pos:], False
-                return
-            yield text[pos:cut], True
+                return spans, pos
+            spans.append((pos, cut))
             pos = cut + 1
 
 
