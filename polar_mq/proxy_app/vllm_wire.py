@@ -286,8 +286,15 @@ class SseParser:
         self._pos = 0  # where the unread part of _buf starts
         self._scanned = 0  # no newline in _buf[_pos:_scanned]
         self._data: list[bytes] = []
+        self._partial: list[bytes] = []  # pieces without a newline, joined when the line ends
 
     def feed(self, piece: bytes) -> Iterator[bytes]:
+        if piece.find(b"\n") < 0:  # the line goes on: appending to _buf copied it per piece
+            self._partial.append(piece)
+            return
+        if self._partial:
+            self._partial.append(piece)
+            piece, self._partial = b"".join(self._partial), []
         if self._pos:
             self._buf, self._scanned = self._buf[self._pos:] + piece, self._scanned - self._pos
             self._pos = 0
@@ -312,6 +319,7 @@ class SseParser:
 
     def end(self) -> Iterator[bytes]:
         """The body ended: a last payload without its blank line still counts."""
+        self._partial = []  # a last line without its newline counts for nothing, as before
         if self._data:
             data, self._data = b"\n".join(self._data), []
             yield data
