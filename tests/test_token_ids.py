@@ -113,6 +113,36 @@ def test_text_ids_store_as_shared_blocks_and_decode_to_the_list():
     assert new_per_call[0] > 50 and new_per_call[1] <= 6 and new_per_call[2] == 0
 
 
+def test_text_id_groups_are_reused_only_where_the_session_stored_them():
+    """Whole blocks are looked up TEXT_GROUP at a time (record_codec.Encoder.text_ids): another
+    session gets every chunk stored for it, and a prompt changed inside a group stores new blocks
+    only from the change on; every record decodes to its ids."""
+    rng = random.Random(11)
+    ids = [rng.randrange(0, 150_000) for _ in range(30_000)]
+    group_bytes = record_codec.TEXT_BLOCK * record_codec.TEXT_GROUP
+    assert len(text_of(ids)) > 4 * group_bytes
+    changed = list(ids)
+    changed[len(changed) // 2] += 1  # inside a group past the first ones
+    stored: dict[bytes, bytes] = {}
+    known: set[bytes] = set()
+
+    def encode(session: str, prompt: list[int], known: set[bytes]) -> tuple[int, set[bytes]]:
+        rec = record(session, TokenIds.from_array_text(text_of(prompt)))
+        blob, chunks, used = record_codec.encode(rec, record_codec.Encoder(set(known)))
+        stored.update(chunks)
+        assert record_codec.decode(blob, {**stored, **chunks}).prompt_token_ids == prompt
+        assert used <= set(stored), "a record refers to a chunk that was never stored"
+        return len(chunks), used
+
+    first, known = encode("s-a", ids, known)
+    again, _ = encode("s-a", ids, known)
+    other, other_used = encode("s-b", ids, set())  # groups known to the process, not to s-b
+    edited, _ = encode("s-a", changed, known)
+    assert first > 60 and again == 0
+    assert other == first and other_used == known
+    assert 0 < edited <= first // 2 + 2
+
+
 def test_to_dict_gives_plain_lists_and_equality_holds():
     ids = list(range(40))
     rec = record("s", TokenIds.from_array_text(text_of(ids)))
