@@ -217,6 +217,11 @@ def main() -> int:
     ap.add_argument("--litellm-python", help="python of a venv with litellm[proxy] installed")
     ap.add_argument("--gateway-arg", action="append", default=[],
                     help="extra argument for `polar-mq gateway` (repeatable)")
+    ap.add_argument("--upstream-prompt-cache", action="store_true",
+                    help="the stand-in keeps the ids of prompts it tokenized (model_server "
+                    "--prompt-cache): the 82 KB request is answered in a few ms instead of after "
+                    "~35 ms of tokenizing on both cores, after which this VM runs the gateway's "
+                    "next ~0.5 ms of work several times slower (docs/gateway_scale.md)")
     ap.add_argument("--hold", action="store_true", help="print the gateway pid and wait for Enter "
                     "before timing (attach py-spy)")
     args = ap.parse_args()
@@ -236,7 +241,9 @@ def main() -> int:
         targets: list[Target] = []
         with console.status("starting model server and gateway(s)…"):
             procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport),
-                                "--max-model-len", "65536"], f"{upstream}/health", logs / "ms.log"))
+                                "--max-model-len", "65536",
+                                *(["--prompt-cache", "64"] if args.upstream_prompt_cache else [])],
+                               f"{upstream}/health", logs / "ms.log"))
             for i, (label, env) in enumerate(code):
                 gport = free_port()
                 procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
@@ -366,7 +373,8 @@ def main() -> int:
         recorded = {t.label: http.get(f"{t.url}/sessions/{t.session_id}/calls", headers=auth_headers(),
                                       timeout=60).json()["calls"] for t in targets}
         table = Table(title=f"gateway per-call overhead (sequential, keep-alive, {args.rounds} alternating "
-                      f"rounds, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})", min_width=150)
+                      f"rounds, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+                      f"{', upstream prompt cache' if args.upstream_prompt_cache else ''})", min_width=150)
         for col in ("series", "n", "p50 ms", "p99 ms", "p50 overhead ms", "p99 overhead ms",
                     "p50 ratio", "gateway CPU ms/call"):
             table.add_column(col, justify="left" if col == "series" else "right")
@@ -389,7 +397,8 @@ def main() -> int:
             table.add_section()
         console.print(table)
 
-        goals = Table(title="issue 15 goals, side by side (same run)", min_width=110)
+        goals = Table(title="issue 15 goals, side by side (same run"
+                      f"{', upstream prompt cache' if args.upstream_prompt_cache else ''})", min_width=110)
         goals.add_column("goal", justify="left")
         for t in targets:
             goals.add_column(t.label, justify="right")
@@ -426,6 +435,7 @@ def main() -> int:
                                              "gateway_cpu_cores": round(tput_cpu[t.label], 2)}
             rows[f"rss_mib {t.label}"] = round(rss[t.label], 1)
         rows["throughput direct_calls_s"] = round(tput_direct, 1)
+        rows["upstream_prompt_cache"] = args.upstream_prompt_cache
         if "80KB: litellm (anthropic)" in series:
             lt = rows["80KB: litellm (anthropic)"]["overhead_p50_ms"]
             console.print(f"80 KB Anthropic overhead: LiteLLM {lt:+.2f} ms")

@@ -374,3 +374,22 @@ def test_no_token_ids_flag_and_scripted(tmp_path):
                  {"role": "tool", "tool_call_id": tc.id, "content": "a b"}]
         r = c.chat.completions.create(model="m2", messages=msgs, tools=[BASH_TOOL])
         assert r.choices[0].message.content == "all done"
+
+
+def test_prompt_cache_answers_the_same_ids_and_stays_bounded():
+    """--prompt-cache N (bench/bench_gateway.py --upstream-prompt-cache): a repeated prompt skips
+    the tokenizer; every answer is the one an uncached server gives, and at most N prompts stay."""
+    from polar_mq.model_server.app import ServerConfig, create_app
+
+    cached = create_app(ServerConfig(prompt_cache=2))
+    plain = create_app(ServerConfig())
+    bodies = [{"model": "stand-in", "max_tokens": 8, "return_token_ids": True, "logprobs": True,
+               "messages": [{"role": "user", "content": f"prompt {i} polar:notool"}]} for i in range(3)]
+    c, p = cached.test_client(), plain.test_client()
+    for body in bodies + bodies[::-1] + bodies:
+        got = c.post("/v1/chat/completions", json=body).get_json()
+        want = p.post("/v1/chat/completions", json=body).get_json()
+        assert got["prompt_token_ids"] == want["prompt_token_ids"] and got["prompt_token_ids"]
+        assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    assert len(cached.config["STAND_IN"]._prompts) == 2
+    assert not plain.config["STAND_IN"]._prompts

@@ -26,6 +26,9 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
                    help="delay per sampled token (between stream chunks; summed for a whole answer)")
     p.add_argument("--chat-template", default=None,
                    help="serve another chat template: a variant name (qwen3) or a Jinja file, as vLLM's flag")
+    p.add_argument("--prompt-cache", type=int, default=0, metavar="N",
+                   help="keep the ids of the last N rendered chat prompts (a repeated prompt skips "
+                   "the tokenizer; the answer is the same)")
     p.add_argument("--cache-dir", default=None, help="tokenizer cache root (default $POLAR_CACHE_DIR or ~/.cache/polar_mq)")
     return p
 
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         token_latency_ms=args.token_latency_ms,
         cache_dir=args.cache_dir,
         chat_template=args.chat_template,
+        prompt_cache=args.prompt_cache,
     )
     app = create_app(config)
     class Server(WSGIServer):

@@ -13,6 +13,7 @@ import codecs
 import json
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Iterator
@@ -46,6 +47,10 @@ class ServerConfig:
     token_latency_ms: float = 0.0  # per sampled token: between stream chunks, summed when not streaming
     cache_dir: str | None = None
     chat_template: str | None = None  # a variant name (templates.TEMPLATES) or a Jinja file
+    # Rendered chat prompts whose ids are kept (LRU; 0: every prompt is tokenized). The tokenizer
+    # takes ~35 ms of both cores for the 82 KB Claude Code request; bench/bench_gateway.py
+    # --upstream-prompt-cache measures the gateway against an upstream that answers in a few ms.
+    prompt_cache: int = 0
 
 
 class APIError(Exception):
@@ -198,8 +203,22 @@ class StandIn:
         self.config = config
         self.tok = load_tokenizer(config.cache_dir)
         self.generations = GenerationLog()
+        self._prompts: OrderedDict[str, list[int]] = OrderedDict()
         if config.chat_template:
             self.tok = self.tok.with_template(template(config.chat_template))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A rendered chat prompt's ids; from the prompt cache when one is configured."""
+        if not self.config.prompt_cache:
+            return self.tok.encode(text)
+        ids = self._prompts.get(text)
+        if ids is None:
+            ids = self._prompts[text] = self.tok.encode(text)
+            while len(self._prompts) > self.config.prompt_cache:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(text)
+        return list(ids)
 
     def check_model(self, body: dict) -> None:
         model = body.get("model")
@@ -238,7 +257,7 @@ class StandIn:
             raise APIError(f"Chat template error: {e}", 400) from e
         if cont and prompt_text.endswith("<|im_end|>\n"):  # leave the final message open
             prompt_text = prompt_text[: -len("<|im_end|>\n")]
-        prompt_ids = self.tok.encode(prompt_text)
+        prompt_ids = self.encode_prompt(prompt_text)
         L = self.config.max_model_len
         if len(prompt_ids) + (max_tokens or 0) > L or len(prompt_ids) >= L:
             raise context_error(L, max_tokens)
