@@ -85,24 +85,35 @@ class RepeatedValues:
     definitions (Claude Code: 64 KB, stored as sent and as normalised). Hashing them twice per
     call was ~0.07 ms of the 82 KB Claude Code request's encoding; comparing the packed bytes with
     the last few such values is ~0.005 ms. Keyed by the exact packed bytes (what the digest is
-    of), compared by length then bytes (hashing a 64 KB key for a dict costs more than that)."""
+    of), compared by length then bytes (hashing a 64 KB key for a dict costs more than that). The
+    very object seen before (bodies that share a known value: proxy_app/fastjson.KnownValues) is
+    found without packing it: records never change after capture, and an entry holds its object,
+    so its id cannot name another."""
 
     def __init__(self, max_entries: int = 16):
         self.max_entries = max_entries
-        self._entries: list[tuple[bytes, bytes]] = []  # (packed, digest), most recent first
+        self._entries: list[tuple[bytes, bytes, Any]] = []  # (packed, digest, object), most recent first
         self._lock = threading.Lock()
 
-    def digest(self, packed: bytes) -> bytes:
+    def same(self, value: Any) -> tuple[bytes, bytes] | None:
+        """(packed, digest) of this very object, if it was digested here."""
+        with self._lock:
+            for packed, ref, obj in self._entries:
+                if obj is value:
+                    return packed, ref
+        return None
+
+    def digest(self, packed: bytes, value: Any = None) -> bytes:
         n = len(packed)
         with self._lock:
-            for i, (seen, ref) in enumerate(self._entries):
+            for i, (seen, ref, _) in enumerate(self._entries):
                 if len(seen) == n and seen == packed:
-                    if i:
-                        self._entries.insert(0, self._entries.pop(i))
+                    del self._entries[i]
+                    self._entries.insert(0, (seen, ref, value))  # the latest object with these bytes
                     return ref
         ref = digest(packed)
         with self._lock:
-            self._entries.insert(0, (packed, ref))
+            self._entries.insert(0, (packed, ref, value))
             del self._entries[self.max_entries:]
         return ref
 
@@ -142,10 +153,14 @@ class Encoder:
     def ref(self, value: Any, repeated: bool = False) -> Any:
         """A digest for a value worth sharing; small values stay inline. `repeated`: a large value
         that calls tend to repeat unchanged (tool definitions), whose digest REPEATED may know."""
-        packed = _pack(value)
-        if len(packed) <= INLINE_MAX:
-            return value
-        ref = REPEATED.digest(packed) if repeated else digest(packed)
+        known = REPEATED.same(value) if repeated else None
+        if known is not None:
+            packed, ref = known
+        else:
+            packed = _pack(value)
+            if len(packed) <= INLINE_MAX:
+                return value
+            ref = REPEATED.digest(packed, value) if repeated else digest(packed)
         self.used.add(ref)
         if ref not in self.chunks and ref not in self.known:
             self.chunks[ref] = compress(packed)

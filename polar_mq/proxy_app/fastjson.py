@@ -12,10 +12,15 @@ literal (or, for a real float like 1e20, gives the same value). Whatever orjson 
 through `jsonsafe.loads` too, which gives the error message it always gave. (Looking for the
 literal with a regex first cost 4.2 ms on the 82 KB Claude Code request, py-spy --gil: 8.8% of
 the gateway's CPU on it; the float check rides on the walk the limits need anyway.)
+A harness's tool definitions, the bulk of its requests and the same on every call, are parsed once
+per process and reused (`KnownValues`: 0.25 -> 0.04 ms for the recorded 82 KB Claude Code body).
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+import threading
 from typing import Any
 
 import orjson
@@ -26,31 +31,39 @@ from .adapters.base import GatewayError
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 
 
-def _plain(value: Any) -> bool:
-    """Within jsonsafe.check's depth and value-count limits, and no float that may have been an
+def _walk(value: Any, depth0: int = 0) -> tuple[int, int] | None:
+    """(values, deepest container level) of `value` placed at level `depth0`, or None when it is
+    beyond jsonsafe.check's depth or value-count limits or holds a float that may have been an
     integer literal beyond 64 bits (jsonsafe must judge those)."""
     t = type(value)
     if t is float:
-        return -_BIG < value < _BIG
+        return (1, depth0) if -_BIG < value < _BIG else None
     if t is not dict and t is not list:
-        return True
-    stack = [(value, 0)]
+        return 1, depth0
+    stack = [(value, depth0)]
     nodes = 1
+    deepest = depth0
     while stack:
         item, depth = stack.pop()
         if depth >= jsonsafe.MAX_DEPTH:
-            return False
+            return None
+        deepest = max(deepest, depth)
         children = item.values() if type(item) is dict else item
         nodes += len(children)
         if nodes > jsonsafe.MAX_NODES:
-            return False
+            return None
         for child in children:
             t = type(child)
             if t is dict or t is list:
                 stack.append((child, depth + 1))
             elif t is float and not -_BIG < child < _BIG:
-                return False
-    return True
+                return None
+    return nodes, deepest
+
+
+def _plain(value: Any) -> bool:
+    """Within jsonsafe.check's limits, and no float that may have been a >64-bit literal."""
+    return _walk(value) is not None
 
 
 def loads_body(data: bytes) -> Any:
@@ -73,6 +86,82 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+class KnownValues:
+    """Large top-level request values that harnesses send unchanged on every call (their tool
+    definitions: 64 KB of the recorded 82 KB Claude Code request), kept as the exact JSON text they
+    arrived in and the value parsed from that text once.
+
+    A body whose value at `"tools":` starts with a known text is parsed without it: the text is
+    cut out and a per-process random sentinel string parsed in its place, and the known value is
+    put back where the sentinel lands. Only when the sentinel is the body's top-level "tools" is the
+    cut used (a match inside a nested key, a duplicate key, anything unexpected: the body is parsed
+    whole, as before); the limits are checked on the rest plus the value's own counts, so exactly
+    the bodies `loads_body` accepts are accepted. Bodies that share one known value share the
+    parsed object: nothing on the gateway's path changes a request in place. A value is learnt
+    when the body's text at its key is its compact JSON (what JavaScript and Rust clients send)."""
+
+    KEY = re.compile(rb'"tools"\s*:\s*')
+
+    def __init__(self, max_entries: int = 8, min_bytes: int = 4096):
+        self.max_entries = max_entries
+        self.min_bytes = min_bytes
+        self._entries: list[tuple[bytes, Any, int, int]] = []  # (text, value, values, depth)
+        self._lock = threading.Lock()
+        self._sentinel = f"\x00polar-known-value-{secrets.token_hex(16)}"
+        self._sentinel_json = orjson.dumps(self._sentinel)
+
+    def loads(self, data: bytes) -> Any:
+        """`loads_body(data)`, through a known value when the body has one."""
+        match = self.KEY.search(data)
+        at = match.end() if match is not None and data[match.end():match.end() + 1] == b"[" else -1
+        if at >= 0:
+            body = self._cut(data, at)
+            if body is not None:
+                return body
+        body = loads_body(data)
+        if at >= 0 and isinstance(body, dict) and isinstance(body.get("tools"), list):
+            self._learn(data, at, body["tools"])
+        return body
+
+    def _cut(self, data: bytes, at: int) -> dict[str, Any] | None:
+        with self._lock:
+            found = next((e for e in self._entries if data.startswith(e[0], at)), None)
+        if found is None:
+            return None
+        text, value, values, depth = found
+        try:
+            body = orjson.loads(data[:at] + self._sentinel_json + data[at + len(text):])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(body, dict) or body.get("tools") != self._sentinel:
+            return None
+        counted = _walk(body)
+        if counted is None or counted[0] - 1 + values > jsonsafe.MAX_NODES or depth + 1 >= jsonsafe.MAX_DEPTH:
+            return None  # the whole body decides (and names the error)
+        body["tools"] = value
+        return body
+
+    def _learn(self, data: bytes, at: int, value: list[Any]) -> None:
+        try:
+            text = orjson.dumps(value)
+        except TypeError:
+            return
+        if len(text) < self.min_bytes or not data.startswith(text, at):
+            return
+        parsed = orjson.loads(text)  # the value is exactly what its text parses to
+        counted = _walk(parsed)
+        if counted is None:
+            return
+        with self._lock:
+            if any(e[0] == text for e in self._entries):
+                return
+            self._entries.insert(0, (text, parsed, counted[0], counted[1]))
+            del self._entries[self.max_entries:]
+
+
+KNOWN = KnownValues()
+
+
 def request_object(data: bytes) -> dict[str, Any]:
     """A provider request body as the gateway accepts it — a JSON object within jsonsafe's limits —
     or a GatewayError (400 in the caller's own format, never a 500). Shared by the Flask routes
@@ -80,7 +169,7 @@ def request_object(data: bytes) -> dict[str, Any]:
     if not data.strip():
         raise GatewayError("invalid_request", "request body is empty; expected a JSON object")
     try:
-        body = loads_body(data)  # NaN, lone surrogates, >64-bit ints, depth: 400, never 500
+        body = KNOWN.loads(data)  # NaN, lone surrogates, >64-bit ints, depth: 400, never 500
     except jsonsafe.BodyError as exc:
         what = "not valid JSON" if exc.message.startswith(("invalid JSON", "body is not UTF-8")) else "not accepted"
         raise GatewayError("invalid_request", f"request body is {what}: {exc}") from None
