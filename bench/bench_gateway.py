@@ -1,8 +1,8 @@
 """Per-call overhead of the gateway against calling the upstream directly (and against LiteLLM).
 
 Starts an embedded Redis, the stand-in model server and the gateway (gunicorn as shipped, 1 worker
-process), then times sequential requests over keep-alive connections (one `requests.Session` per
-target, as SDK clients and harnesses hold them):
+process), then times sequential requests over keep-alive connections (one session per target, as SDK
+clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude Code send them):
   * a small OpenAI chat request: upstream direct vs through the gateway (and the same request
     streamed from the upstream, for reference: the gateway streams plain calls internally so
     that it can abort them);
@@ -87,6 +87,23 @@ def chat_equivalent(anthropic_body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+class SdkSession(requests.Session):
+    """A keep-alive client that sends JSON bodies as the official SDKs (openai, anthropic) and
+    Claude Code do: compact and UTF-8. requests' `json=` writes ", " and ": " separators and ASCII
+    escapes, which no harness sends (and which the gateway's reuse of known tool definitions,
+    fastjson.KnownValues, does not learn from)."""
+
+    def request(self, method, url, *args, json=None, headers=None, **kwargs):  # type: ignore[override]
+        if json is not None:
+            kwargs["data"] = compact(json)
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        return super().request(method, url, *args, headers=headers, **kwargs)
+
+
+def compact(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 class Cpu:
     """User+system CPU seconds of the gateway's worker processes (gunicorn children)."""
 
@@ -135,7 +152,7 @@ def throughput(url: str, body: dict[str, Any], seconds: float, threads: int = 8,
     stop = time.perf_counter() + seconds
 
     def client(i: int) -> None:
-        http = requests.Session()
+        http = SdkSession()
         while time.perf_counter() < stop:
             resp = http.post(url, json=body, headers=headers)
             if resp.status_code != 200:
@@ -253,7 +270,7 @@ def main() -> int:
                 gateway = f"http://127.0.0.1:{gport}"
                 session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
                 targets.append(Target(label, gateway, Cpu(procs[-1].pid), session["key"], session["session_id"]))
-        http = requests.Session()  # keep-alive, as SDK clients
+        http = SdkSession()  # keep-alive and compact JSON, as SDK clients
         if args.hold:
             input(f"gateway worker pid(s) {[(t.label, [p.pid for p in t.cpu.workers()]) for t in targets]}; "
                   "Enter to start timing ")
