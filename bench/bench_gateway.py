@@ -226,7 +226,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=200, help="requests per small-request series")
     ap.add_argument("--n-large", type=int, default=60, help="requests per 80 KB series")
-    ap.add_argument("--n-stream", type=int, default=20, help="long streamed answers")
+    ap.add_argument("--n-stream", type=int, default=40,
+                    help="long streamed answers (20 gave CPU per token within ±20%% run to run)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating blocks per series")
     ap.add_argument("--throughput-seconds", type=float, default=5.0)
     ap.add_argument("--baseline", default="main",
