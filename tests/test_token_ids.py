@@ -192,17 +192,25 @@ _text = st.text(alphabet=st.sampled_from(list('ab"\\[],: {}prompt_token_ids0123'
 
 
 @settings(max_examples=300, deadline=None)
-@given(ids=_ids, content=_text, where=st.sampled_from(["top", "choice", "both", "none"]),
+@given(ids=_ids, content=_text,
+       where=st.sampled_from(["top", "choice", "both", "none", "top null", "nested", "nested, choice null"]),
        spaced=st.booleans(), extra_key=_text)
 def test_fuzz_first_chunk_parses_exactly_as_orjson(ids, content, where, spaced, extra_key):
-    """Whatever the chunk (ids anywhere or nowhere, strings that quote the key, Python's spacing),
+    """Whatever the chunk (ids anywhere or nowhere, a null `prompt_token_ids` where the ids are
+    looked for while the array sits elsewhere, strings that quote the key, Python's spacing),
     load_first_chunk gives what orjson gives, with at most the prompt ids as an equal TokenIds."""
     body: dict = {"id": "c", extra_key: content,
                   "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
     if where in ("top", "both"):
         body["prompt_token_ids"] = ids
-    if where in ("choice", "both"):
+    if where in ("choice", "both", "top null"):
         body["choices"][0]["prompt_token_ids"] = ids
+    if where == "top null":
+        body["prompt_token_ids"] = None
+    if where.startswith("nested"):
+        body["choices"][0]["delta"]["prompt_token_ids"] = ids
+    if where == "nested, choice null":
+        body["choices"][0]["prompt_token_ids"] = None
     data = json.dumps(body, separators=(", ", ": ") if spaced else (",", ":")).encode()
     got = load_first_chunk(data, fastjson.loads)
     assert got == orjson.loads(data)  # a TokenIds equals the list it stands for

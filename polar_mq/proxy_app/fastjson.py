@@ -86,14 +86,25 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+# A per-process random string that stands in for bytes cut out of a body before parsing: it
+# cannot come from the body itself, so where it lands in the parsed value is where the cut was.
+CUT = f"\x00polar-cut-{secrets.token_hex(16)}"
+_CUT_JSON = orjson.dumps(CUT)
+
+
+def loads_cut(data: bytes, start: int, end: int, loads: Any = orjson.loads) -> Any:
+    """`data` parsed with its bytes [start, end) (one whole JSON value) replaced by the string
+    CUT; the caller puts the value it cut out back where CUT landed, and only there."""
+    return loads(data[:start] + _CUT_JSON + data[end:])
+
+
 class KnownValues:
     """Large top-level request values that harnesses send unchanged on every call (their tool
     definitions: 64 KB of the recorded 82 KB Claude Code request), kept as the exact JSON text they
     arrived in and the value parsed from that text once.
 
-    A body whose value at `"tools":` starts with a known text is parsed without it: the text is
-    cut out and a per-process random sentinel string parsed in its place, and the known value is
-    put back where the sentinel lands. Only when the sentinel is the body's top-level "tools" is the
+    A body whose value at `"tools":` starts with a known text is parsed without it (`loads_cut`),
+    and the known value is put back where the cut lands. Only when that is the body's top-level "tools" is the
     cut used (a match inside a nested key, a duplicate key, anything unexpected: the body is parsed
     whole, as before); the limits are checked on the rest plus the value's own counts, so exactly
     the bodies `loads_body` accepts are accepted. Bodies that share one known value share the
@@ -107,8 +118,6 @@ class KnownValues:
         self.min_bytes = min_bytes
         self._entries: list[tuple[bytes, Any, int, int]] = []  # (text, value, values, depth)
         self._lock = threading.Lock()
-        self._sentinel = f"\x00polar-known-value-{secrets.token_hex(16)}"
-        self._sentinel_json = orjson.dumps(self._sentinel)
 
     def loads(self, data: bytes) -> Any:
         """`loads_body(data)`, through a known value when the body has one."""
@@ -130,10 +139,10 @@ class KnownValues:
             return None
         text, value, values, depth = found
         try:
-            body = orjson.loads(data[:at] + self._sentinel_json + data[at + len(text):])
+            body = loads_cut(data, at, at + len(text))
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(body, dict) or body.get("tools") != self._sentinel:
+        if not isinstance(body, dict) or body.get("tools") != CUT:
             return None
         counted = _walk(body)
         if counted is None or counted[0] - 1 + values > jsonsafe.MAX_NODES or depth + 1 >= jsonsafe.MAX_DEPTH:
