@@ -4,8 +4,9 @@ Starts an embedded Redis, the stand-in model server and the gateway (gunicorn as
 process), then times sequential requests over keep-alive connections (one session per target, as SDK
 clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude Code send them):
   * a small OpenAI chat request: upstream direct vs through the gateway (and the same request
-    streamed from the upstream, for reference: the gateway streams plain calls internally so
-    that it can abort them);
+    streamed from the upstream, for reference: gateways before session 8, and any gateway whose
+    upstream cannot abort a request by id, stream plain calls internally so that they can abort
+    them; the stand-in serves vLLM's dev-mode `/abort_requests`, as an RL deployment's vLLM does);
   * a real recorded Claude Code request (tests/replays/claude_code/anthropic.json, its ~82 KB
     third request: 26 tools, a tool result; sent non-streamed): the chat request the gateway
     would send (the Anthropic adapter's translation) direct vs the Anthropic request through
@@ -308,8 +309,9 @@ def main() -> int:
             groups.append((size, list(fns)))
 
         with console.status("timing…"):
-            # The gateway streams plain calls from the upstream too (so that it can abort them):
-            # what the same call costs the upstream streamed is shown for reference.
+            # A gateway whose upstream cannot abort by id streams plain calls from the upstream
+            # (so that it can abort them): what the same call costs the upstream streamed is
+            # shown for reference.
             run("small", args.n, lambda: http.post(direct_url, json=direct_body(small_chat)),
                 lambda t: lambda: http.post(f"{t.url}/s/{t.key}/v1/chat/completions", json=small_chat),
                 "gateway (openai chat)",

@@ -85,14 +85,20 @@ class MockPool:
     def ranked(self, affinity_key: str) -> list[Upstream]:
         return list(self.upstreams)
 
-    def chat(self, body: dict[str, Any], affinity_key: str) -> tuple[Any, str]:
+    def chat(self, body: dict[str, Any], affinity_key: str, *, request_id: str | None = None,
+             on_attempt: Callable[[str], None] | None = None) -> tuple[Any, str]:
+        if on_attempt is not None:
+            on_attempt(ROOT)
         self.requests.append(body)
         return parse_chat_response(self.answer(body)), ROOT
 
-    def post_json(self, path: str, body: dict[str, Any], affinity_key: str, parse: Callable[[dict[str, Any]], Any]
-                  ) -> tuple[Any, str]:
+    def post_json(self, path: str, body: dict[str, Any], affinity_key: str, parse: Callable[[dict[str, Any]], Any],
+                  **kwargs: Any) -> tuple[Any, str]:
         self.requests.append(body)
         return parse(self.answer(body)), ROOT
+
+    def can_abort(self, affinity_key: str) -> bool:
+        return False  # no request runs on here long enough to be aborted by id
 
     def can_stream(self, affinity_key: str) -> bool:
         return self.streams

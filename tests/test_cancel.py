@@ -134,6 +134,11 @@ def test_session_cancel_aborts_a_plain_call_and_refuses_new_ones(gw):
     assert resp.status_code == 403 and "cancelled" in resp.json()["error"]["message"]
     (rec,) = wait_record(gw, s["session_id"])
     assert rec["status"] == "error" and rec["completion_token_ids"]  # the sampled prefix is kept
+    # The call went upstream plain, named by its call id, and was stopped by that id
+    # (/abort_requests): the upstream's own answer carried the prefix, ids and logprobs aligned.
+    assert aborted["id"] == f"chatcmpl-polar-{rec['call_id']}"
+    assert len(rec["completion_token_ids"]) == len(rec["completion_logprobs"]) == aborted["sent_tokens"]
+    assert rec["finish_reason"] == "abort"
     # New calls of a cancelled session are refused in the provider's shape and never go upstream.
     n = len(generations(gw)["recent"])
     client = anthropic.Anthropic(base_url=s["base_urls"]["anthropic"], api_key=s["key"], max_retries=0)
@@ -154,6 +159,58 @@ def test_client_gone_during_a_plain_call_aborts_it(gw):
     assert aborted["sent_tokens"] < aborted["planned_tokens"]
     (rec,) = wait_record(gw, s["session_id"])
     assert rec["status"] == "error" and "client closed" in rec["error"]
+    assert aborted["id"] == f"chatcmpl-polar-{rec['call_id']}"
+
+
+@pytest.fixture(scope="module")
+def gw_no_abort(log_dir, redis_url) -> GatewayHandle:
+    """An upstream served without vLLM's dev-mode routes: no /abort_requests."""
+    up = start_model_server(log_dir, "--max-model-len", "65536", "--token-latency-ms", str(TOKEN_MS),
+                            "--no-dev-mode", name="ms-cancel-nodev")
+    server = start_gateway(log_dir, redis_url, [up.url], name="gw-cancel-nodev")
+    yield GatewayHandle(url=server.url, upstream_url=up.url, redis_url=redis_url, server=server)
+    stop(server.proc)
+    stop(up.proc)
+
+
+def upstreams(gw: GatewayHandle) -> list[dict]:
+    return requests.get(f"{gw.url}/health", timeout=10).json()["upstreams"]
+
+
+def test_plain_calls_go_upstream_plain_where_the_upstream_aborts_by_id(gw, gw_no_abort):
+    """A plain call is sent plain (one body back instead of a chunk per token) where the upstream
+    stops requests by id, and named by its call id; elsewhere it is streamed from the upstream,
+    so that closing the connection can still abort it (vLLM runs a plain request to its end)."""
+    assert [u["abort_by_id"] for u in upstreams(gw)] == [True]
+    assert [u["abort_by_id"] for u in upstreams(gw_no_abort)] == [False]
+    for g, named in ((gw, True), (gw_no_abort, False)):
+        s = g.new_session()
+        client = openai.OpenAI(base_url=s["base_urls"]["openai"], api_key=s["key"], max_retries=0)
+        r = client.chat.completions.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].finish_reason == "length"
+        (rec,) = wait_record(g, s["session_id"])
+        assert len(rec["completion_token_ids"]) == len(rec["completion_logprobs"]) == 4
+        last = generations(g)["recent"][-1]
+        assert (last["id"] == f"chatcmpl-polar-{rec['call_id']}") is named, last
+
+
+def test_without_abort_by_id_a_cancelled_plain_call_is_still_aborted(gw_no_abort):
+    s = gw_no_abort.new_session()
+    before = len(generations(gw_no_abort)["aborted"])
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
+        f"{s['base_urls']['openai']}/chat/completions", timeout=60,
+        json={"model": "m", "messages": [{"role": "user", "content": LONG}]})))
+    t.start()
+    time.sleep(0.6)
+    requests.post(f"{gw_no_abort.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10).raise_for_status()
+    t.join(30)
+    aborted = wait_aborted(gw_no_abort, before)
+    assert aborted["sent_tokens"] < aborted["planned_tokens"]
+    assert out["resp"].status_code == 403
+    (rec,) = wait_record(gw_no_abort, s["session_id"])
+    assert rec["status"] == "error" and rec["completion_token_ids"]
+    assert not aborted["id"].startswith("chatcmpl-polar-")  # streamed, closed: not aborted by id
 
 
 def test_inflight_calls_are_visible_until_recorded(gw):

@@ -7,6 +7,7 @@ import os
 
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -393,3 +394,49 @@ def test_prompt_cache_answers_the_same_ids_and_stays_bounded():
         assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
     assert len(cached.config["STAND_IN"]._prompts) == 2
     assert not plain.config["STAND_IN"]._prompts
+
+
+def test_abort_by_id_cuts_a_plain_generation_short_as_vllm():
+    """vLLM dev mode's `POST /abort_requests` (the gateway's abort of a plain call): the request
+    is named after X-Request-Id; aborted, the plain answer holds what was sampled so far, ids and
+    logprobs aligned, finish_reason "abort"; unknown ids are ignored; bad bodies get a 400
+    (tests/vllm/test_rl_vllm.py compares all of it with real vLLM)."""
+    from polar_mq.model_server.app import ServerConfig, create_app
+
+    app = create_app(ServerConfig(token_latency_ms=20))
+    body = {"model": "stand-in", "max_tokens": 400, "return_token_ids": True, "logprobs": True,
+            "messages": [{"role": "user", "content": "polar:long tell me a long story"}]}
+    whole = app.test_client().post("/v1/chat/completions", json={**body, "max_tokens": 6},
+                                   headers={"X-Request-Id": "whole-1"}).get_json()
+    assert whole["id"] == "chatcmpl-whole-1" and whole["choices"][0]["finish_reason"] == "length"
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", app.test_client().post(
+        "/v1/chat/completions", json=body, headers={"X-Request-Id": "polar-abort-1"})))
+    t.start()
+    c = app.test_client()
+    deadline = time.time() + 10
+    while c.get("/polar/generations").get_json()["running"] < 1:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    time.sleep(0.15)
+    assert c.post("/abort_requests", json={"request_ids": ["chatcmpl-unknown"]}).get_json() == {
+        "status": "aborted", "aborted": 1}
+    assert c.get("/polar/generations").get_json()["running"] == 1  # an unknown id stops nothing
+    r = c.post("/abort_requests", json={"request_ids": ["chatcmpl-polar-abort-1"]})
+    assert r.status_code == 200 and r.get_json() == {"status": "aborted", "aborted": 1}
+    t.join(10)
+    got = out["r"].get_json()
+    choice = got["choices"][0]
+    assert got["id"] == "chatcmpl-polar-abort-1" and choice["finish_reason"] == "abort"
+    n = len(choice["token_ids"])
+    assert 2 <= n < 400 and len(choice["logprobs"]["content"]) == n == got["usage"]["completion_tokens"]
+    assert choice["message"]["content"] and choice["stop_reason"] is None
+    (aborted,) = c.get("/polar/generations").get_json()["aborted"]
+    assert aborted["id"] == "chatcmpl-polar-abort-1" and aborted["sent_tokens"] == n
+    bad = c.post("/abort_requests", data=b"{no", content_type="application/json")
+    assert (bad.status_code, bad.get_json()["error"]["message"]) == (400, "Invalid JSON format")
+    bad = c.post("/abort_requests", json=["chatcmpl-x"])
+    assert (bad.status_code, bad.get_json()["error"]["message"]) == (400, "Request body must be a JSON object")
+    plain = create_app(ServerConfig(dev_mode=False)).test_client()
+    assert plain.post("/abort_requests", json={"request_ids": ["x"]}).status_code == 404
+    assert plain.post("/pause").status_code == 404

@@ -1,5 +1,5 @@
 """Prompt ids kept as the upstream's JSON text (polar_mq/token_ids.py): the first stream chunk's
-`prompt_token_ids` is cut out before parsing (vllm_wire.load_first_chunk), counted from its
+`prompt_token_ids` is cut out before parsing (vllm_wire.load_answer), counted from its
 commas, stored as blocks of its text (record_codec.Encoder.text_ids), and equal everywhere to the
 list an ordinary parse gives."""
 
@@ -15,7 +15,7 @@ from polar_mq import record_codec
 from polar_mq.model import CaptureRecord
 from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.upstream import UpstreamStream
-from polar_mq.proxy_app.vllm_wire import StreamAccumulator, load_first_chunk
+from polar_mq.proxy_app.vllm_wire import StreamAccumulator, load_answer
 from polar_mq.token_ids import TokenIds
 
 
@@ -56,7 +56,7 @@ def chunk(ids: list[int], where: str = "top", separators=(",", ":")) -> bytes:
 def test_first_chunk_keeps_prompt_ids_as_text_and_everything_else_as_parsed(where):
     ids = list(range(100, 400))
     data = chunk(ids, where)
-    got = load_first_chunk(data, fastjson.loads)
+    got = load_answer(data, fastjson.loads)
     holder = got if where == "top" else got["choices"][0]
     assert isinstance(holder["prompt_token_ids"], TokenIds)
     assert holder["prompt_token_ids"] == ids
@@ -71,7 +71,7 @@ def test_first_chunk_without_plain_ids_parses_as_before():
                  b'{"choices":[],"usage":{"prompt_tokens":3}}',
                  # the key's text inside content is escaped, so it is never cut
                  json.dumps({"choices": [{"delta": {"content": '"prompt_token_ids":[1,2]'}}]}).encode()):
-        got = load_first_chunk(data, fastjson.loads)
+        got = load_answer(data, fastjson.loads)
         assert got == orjson.loads(data)
         assert not any(isinstance(v, TokenIds) for v in got.values())
 
@@ -79,7 +79,7 @@ def test_first_chunk_without_plain_ids_parses_as_before():
 def test_a_stream_accumulates_text_ids_into_its_result():
     ids = list(range(5000, 5300))
     acc = StreamAccumulator()
-    acc.feed(load_first_chunk(chunk(ids), fastjson.loads))
+    acc.feed(load_answer(chunk(ids), fastjson.loads))
     acc.feed({"choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [9], "finish_reason": "stop",
                            "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]}}]})
     result = acc.result()
@@ -198,7 +198,7 @@ _text = st.text(alphabet=st.sampled_from(list('ab"\\[],: {}prompt_token_ids0123'
 def test_fuzz_first_chunk_parses_exactly_as_orjson(ids, content, where, spaced, extra_key):
     """Whatever the chunk (ids anywhere or nowhere, a null `prompt_token_ids` where the ids are
     looked for while the array sits elsewhere, strings that quote the key, Python's spacing),
-    load_first_chunk gives what orjson gives, with at most the prompt ids as an equal TokenIds."""
+    load_answer gives what orjson gives, with at most the prompt ids as an equal TokenIds."""
     body: dict = {"id": "c", extra_key: content,
                   "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
     if where in ("top", "both"):
@@ -212,7 +212,7 @@ def test_fuzz_first_chunk_parses_exactly_as_orjson(ids, content, where, spaced, 
     if where == "nested, choice null":
         body["choices"][0]["prompt_token_ids"] = None
     data = json.dumps(body, separators=(", ", ": ") if spaced else (",", ":")).encode()
-    got = load_first_chunk(data, fastjson.loads)
+    got = load_answer(data, fastjson.loads)
     assert got == orjson.loads(data)  # a TokenIds equals the list it stands for
     if spaced and len(ids) > 1:  # only the compact form (vLLM's) takes the text path
         assert not any(isinstance(v, TokenIds) for v in (got, *got["choices"]) for v in v.values())

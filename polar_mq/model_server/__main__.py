@@ -29,6 +29,9 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
     p.add_argument("--prompt-cache", type=int, default=0, metavar="N",
                    help="keep the ids of the last N rendered chat prompts (a repeated prompt skips "
                    "the tokenizer; the answer is the same)")
+    p.add_argument("--no-dev-mode", action="store_true",
+                   help="serve without vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE unset): no RL API "
+                   "(/pause, /resume, ...) and no /abort_requests")
     p.add_argument("--cache-dir", default=None, help="tokenizer cache root (default $POLAR_CACHE_DIR or ~/.cache/polar_mq)")
     return p
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir=args.cache_dir,
         chat_template=args.chat_template,
         prompt_cache=args.prompt_cache,
+        dev_mode=not args.no_dev_mode,
     )
     app = create_app(config)
     class Server(WSGIServer):

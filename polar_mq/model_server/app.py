@@ -51,6 +51,9 @@ class ServerConfig:
     # takes ~35 ms of both cores for the 82 KB Claude Code request; bench/bench_gateway.py
     # --upstream-prompt-cache measures the gateway against an upstream that answers in a few ms.
     prompt_cache: int = 0
+    # vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1): the RL API and /abort_requests (rl_api.py).
+    # False: an upstream served without them, as a plain `vllm serve` is.
+    dev_mode: bool = True
 
 
 class APIError(Exception):
@@ -284,6 +287,34 @@ class StandIn:
     def wants_ids(self, body: dict) -> bool:
         return bool(body.get("return_token_ids")) and self.config.return_token_ids
 
+    def generate_whole(self, rid: str, gen: Generation, body: dict) -> Generation:
+        """A plain (non-streamed) generation, taking the configured time, that an abort by id
+        (`/abort_requests`) cuts short: then, as vLLM, the answer holds what was sampled so far
+        with finish_reason "abort"."""
+        stop = self.generations.start(rid, len(gen.ids), body)
+        sent = len(gen.ids)
+        try:
+            wait = gen.reply.sleep + self.config.latency_ms / 1000.0
+            if wait > 0 and stop.wait(wait):
+                sent = 0
+            elif self.config.token_latency_ms:
+                for i in range(len(gen.ids)):
+                    if stop.wait(self.config.token_latency_ms / 1000.0):
+                        sent = i
+                        break
+                    self.generations.token(rid)
+            else:
+                self.generations.token(rid, len(gen.ids))
+        finally:
+            self.generations.finish(rid, "abort" if sent < len(gen.ids) else gen.finish_reason or "stop")
+        if sent == len(gen.ids):
+            return gen
+        ids = gen.ids[:sent]
+        text = self.tok.decode(ids)
+        call_ids: list[str] = []
+        return Generation(gen.prompt_ids, gen.reply, ids, text, "abort", None,
+                          build_message(gen.reply, text, False, call_ids), call_ids, gen.prompt_text)
+
     def delay(self, gen: Generation) -> None:
         total = gen.reply.sleep + self.config.latency_ms / 1000.0
         if total > 0:
@@ -351,7 +382,8 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
     app.json.sort_keys = False
     app.config["STAND_IN"] = state
     from .rl_api import register as register_rl_api
-    app.config["RL_API"] = register_rl_api(app)  # vLLM's /pause, /resume, /weight_info...
+    if config.dev_mode:  # vLLM's /pause, /abort_requests...
+        app.config["RL_API"] = register_rl_api(app, state.generations)
 
     def body_json() -> dict:
         data = request.get_data(cache=True)
@@ -458,14 +490,13 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
         k = state.logprobs_k(body)
         want_ids = state.wants_ids(body)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        # As vLLM: the request is named after X-Request-Id when the client sends one (the id
+        # /abort_requests stops it by), else a random id.
+        rid = f"chatcmpl-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
         model = config.served_model_name
         if not body.get("stream"):
-            state.delay(gen)
-            if config.token_latency_ms:
-                time.sleep(len(gen.ids) * config.token_latency_ms / 1000.0)
-            state.generations.whole(rid, len(gen.ids), gen.finish_reason or "stop", body)
+            gen = state.generate_whole(rid, gen, body)
             choice = {
                 "index": 0,
                 "message": gen.message,
@@ -612,7 +643,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 "top_logprobs": [{e["token"]: e["logprob"], **{a["token"]: a["logprob"] for a in e["top_logprobs"]}}
                                  for e in ents],
             }
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid = f"cmpl-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
         created = int(time.time())
         usage = _usage(len(prompt_ids), len(ids))
         if body.get("stream"):

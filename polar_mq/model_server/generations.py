@@ -1,7 +1,8 @@
 """What the stand-in generated, and which generations were aborted half-way.
 
-vLLM stops a streamed generation when its client closes the connection. The stand-in does the same
-(it stops sampling at once) and counts it, so tests can check that the gateway really aborts
+vLLM stops a streamed generation when its client closes the connection, and any generation
+whose id `POST /abort_requests` names (dev mode). The stand-in does the same (it stops sampling at
+once) and counts it, so tests can check that the gateway really aborts
 upstream work nobody wants: `GET /metrics` has vLLM's `vllm:request_success_total` series by
 `finished_reason` (stop, length, abort...) plus `vllm:num_requests_running` and
 `vllm:generation_tokens_total`; `GET /polar/generations` (a stand-in extension, not a vLLM
@@ -28,24 +29,39 @@ class GenerationLog:
         self._tokens = 0
         self._aborted: deque[dict[str, Any]] = deque(maxlen=keep)
         self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._stops: dict[str, threading.Event] = {}
 
-    def start(self, request_id: str, planned_tokens: int, body: dict[str, Any] | None = None) -> None:
+    def start(self, request_id: str, planned_tokens: int, body: dict[str, Any] | None = None) -> threading.Event:
+        """Register a running generation; the event is set when it is aborted by id (`abort`)."""
         params = {k: (body or {}).get(k) for k in SAMPLING_FIELDS if (body or {}).get(k) is not None}
+        stop = threading.Event()
         with self._lock:
             self._running[request_id] = {"id": request_id, "planned_tokens": planned_tokens,
                                          "sent_tokens": 0, "started_at": time.time(), "params": params}
             self._recent.append(self._running[request_id])
+            self._stops[request_id] = stop
+        return stop
 
-    def token(self, request_id: str) -> None:
+    def abort(self, request_ids: list[str]) -> None:
+        """vLLM's `/abort_requests`: stop the running generations with these ids (an unknown id
+        is ignored); an empty list stops every one."""
+        with self._lock:
+            ids = list(self._stops) if not request_ids else [i for i in request_ids if i in self._stops]
+            stops = [self._stops[i] for i in ids]
+        for stop in stops:
+            stop.set()
+
+    def token(self, request_id: str, n: int = 1) -> None:
         with self._lock:
             gen = self._running.get(request_id)
             if gen is not None:
-                gen["sent_tokens"] += 1
-                self._tokens += 1
+                gen["sent_tokens"] += n
+                self._tokens += n
 
     def finish(self, request_id: str, reason: str) -> None:
         with self._lock:
             gen = self._running.pop(request_id, None)
+            self._stops.pop(request_id, None)
             if gen is None:
                 return
             self._finished[reason if reason in FINISH_REASONS else "stop"] += 1

@@ -4,6 +4,10 @@
 - `POST /pause?mode=abort|wait|keep` → `{"status": "paused"}` (an unknown mode: vLLM's 400
   validation error, `param: "query.mode"`);
   generations that arrive while paused wait until `/resume`, as vLLM's paused scheduler does;
+- `POST /abort_requests {"request_ids": [...]}` → `{"status": "aborted", "aborted": n}`: stops
+  those generations (vLLM's external ids, `chatcmpl-<X-Request-Id>`; none: every one); a plain
+  call so stopped answers with what it sampled and finish_reason "abort" (the stand-in stops
+  plain generations this way; streamed ones stop when their connection closes, as in vLLM);
 - `POST /resume` → `{"status": "resumed"}`; `GET /is_paused` → `{"is_paused": bool}`;
 - `POST /update_weight_version {"new_version": str}` → `{"success": true, "new_version"}`;
 - `GET /weight_info` → `{"weight_version"}` ("default" until set, as vLLM's engine core).
@@ -17,6 +21,8 @@ import threading
 from typing import Any
 
 from flask import Flask, Response, request
+
+from .generations import GenerationLog
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 MODES = ("abort", "wait", "keep")
@@ -43,8 +49,37 @@ def _invalid(kind: str, loc: str, msg: str, value: object, **ctx: str) -> Respon
                             "param": loc, "code": 400}}, 400)
 
 
-def register(app: Flask) -> RLState:
+def _bad_request(message: str) -> Response:
+    return _json({"error": {"message": message, "type": "Bad Request", "param": None, "code": 400}}, 400)
+
+
+def register(app: Flask, generations: GenerationLog) -> RLState:
     state = RLState()
+
+    @app.post("/abort_requests")
+    def abort_requests():
+        # vLLM 0.32's RL router: the ids are the requests' external ids (`chatcmpl-<X-Request-Id>`);
+        # none (or an empty list) aborts every request in flight. Its HTTPExceptions come back as
+        # vLLM's ErrorResponse (checked against real vLLM: tests/vllm/test_rl_vllm.py).
+        try:
+            body = json.loads(request.get_data() or b"null")
+        except ValueError:
+            return _bad_request("Invalid JSON format")
+        if not isinstance(body, dict):
+            return _bad_request("Request body must be a JSON object")
+        ids = body.get("request_ids")
+        if not ids:
+            running = generations.snapshot()["running"]
+            generations.abort([])
+            return _json({"status": "aborted", "aborted": running})
+        if isinstance(ids, str):  # vLLM takes one id as a string (and counts its characters)
+            generations.abort([ids])
+        elif isinstance(ids, list):
+            generations.abort([str(i) for i in ids])
+        else:
+            return _json({"error": f"Failed to abort requests: '{type(ids).__name__}' object is not iterable"},
+                         500)
+        return _json({"status": "aborted", "aborted": len(ids)})
 
     @app.before_request
     def _hold_while_paused():

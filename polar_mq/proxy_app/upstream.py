@@ -12,6 +12,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
@@ -22,7 +23,7 @@ from . import fastjson, http11
 from .adapters.base import ChatResult, GatewayError
 # The wire codec (pure) lives in vllm_wire.py; these names stay importable from here.
 from .vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator, _prompt_ids,  # noqa: F401
-                        chunk_error, load_first_chunk, map_client_error, normalise_message,
+                        chunk_error, load_answer, map_client_error, normalise_message,
                         parse_chat_response)
 
 log = logging.getLogger("polar_mq.upstream")
@@ -54,12 +55,13 @@ class Upstream:
     models: list[str] = field(default_factory=list)
     max_model_len: int | None = None
     token_in: bool | None = None  # does /v1/completions take a token-id prompt and return ids?
+    abort_by_id: bool | None = None  # does it abort a request by its id (POST /abort_requests)?
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.root, "healthy": self.healthy, "token_ids": self.token_ids,
                 "stream_token_ids": self.stream_token_ids, "models": self.models,
                 "max_model_len": self.max_model_len, "token_in": self.token_in,
-                "last_error": self.last_error}
+                "abort_by_id": self.abort_by_id, "last_error": self.last_error}
 
 
 def _weight(root: str, key: str) -> int:
@@ -94,14 +96,14 @@ class UpstreamStream:
 
     def _next(self, it: Iterator[bytes], first: bool = False) -> dict[str, Any] | None:
         """The next chunk; None at [DONE] or the end. Transport failures become GatewayErrors.
-        The first chunk's prompt ids stay text (vllm_wire.load_first_chunk)."""
+        The first chunk's prompt ids stay text (vllm_wire.load_answer)."""
         try:
             for data in it:
                 if data.strip() == b"[DONE]":
                     self.done = True
                     return None
                 try:
-                    chunk = load_first_chunk(data, fastjson.loads) if first else fastjson.loads(data)
+                    chunk = load_answer(data, fastjson.loads) if first else fastjson.loads(data)
                 except ValueError as exc:
                     raise GatewayError("upstream_error", f"upstream {self.url} sent an invalid stream "
                                        f"chunk: {exc}") from exc
@@ -172,6 +174,20 @@ def error_message(resp: requests.Response | http11.Response) -> str:
 
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+ABORT_PATH = "/abort_requests"  # vLLM's RL router (VLLM_SERVER_DEV_MODE=1) and --tokens-only servers
+ABORT_TIMEOUT = 5.0  # s: vLLM answers an abort at once (the engine stops the request in the background)
+
+
+def load_chat_answer(data: bytes) -> Any:
+    """A plain chat answer's body, its prompt ids kept as text (vllm_wire.load_answer), as a
+    streamed answer's are."""
+    return load_answer(data, fastjson.loads)
+
+
+def abort_id(request_id: str) -> str:
+    """vLLM's name for a chat completion sent with `X-Request-Id: request_id` (serving.py:
+    `chatcmpl-{_base_request_id(raw_request)}`), the id `/abort_requests` takes."""
+    return f"chatcmpl-{request_id}"
 
 
 class EnvOnceSession(requests.Session):
@@ -247,10 +263,10 @@ class UpstreamPool:
         raise answered or last
 
     def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False,
-              path: str = CHAT_PATH) -> requests.Response | http11.Response:
+              path: str = CHAT_PATH, headers: dict[str, str] = JSON_HEADERS) -> requests.Response | http11.Response:
         if self._lean.get(up.root):
             try:
-                resp = self.lean.request("POST", up.root, path, fastjson.dumps(body), JSON_HEADERS)
+                resp = self.lean.request("POST", up.root, path, fastjson.dumps(body), headers)
                 if not stream:
                     resp.content  # noqa: B018 - the whole answer now, as requests reads it
                 return resp
@@ -262,7 +278,7 @@ class UpstreamPool:
                 raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
                              answered=False) from exc
         try:
-            return self.http.post(f"{up.root}{path}", data=fastjson.dumps(body), headers=JSON_HEADERS,
+            return self.http.post(f"{up.root}{path}", data=fastjson.dumps(body), headers=headers,
                                   stream=stream, timeout=(self.connect_timeout, self.timeout))
         except requests.exceptions.ReadTimeout:
             # Retrying a generation that ran out of time would only double the load.
@@ -273,23 +289,34 @@ class UpstreamPool:
             raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
                          answered=False) from exc
 
-    def chat(self, body: dict[str, Any], affinity_key: str) -> tuple[ChatResult, str]:
+    def chat(self, body: dict[str, Any], affinity_key: str, *, request_id: str | None = None,
+             on_attempt: Callable[[str], None] | None = None) -> tuple[ChatResult, str]:
         """One non-streaming chat completion. Retries connection errors and 5xx with backoff,
-        moving to the next upstream; 4xx are mapped to client errors without retrying."""
-        return self.post_json(CHAT_PATH, body, affinity_key, parse_chat_response)
+        moving to the next upstream; 4xx are mapped to client errors without retrying.
+        `request_id` goes out as `X-Request-Id`: vLLM then names the request
+        `chatcmpl-<request_id>` (`abort_id`), the id `abort` stops it by. `on_attempt(url)` is
+        told each upstream tried, before the request goes out."""
+        return self.post_json(CHAT_PATH, body, affinity_key, parse_chat_response,
+                              request_id=request_id, on_attempt=on_attempt, load=load_chat_answer)
 
     def post_json(self, path: str, body: dict[str, Any], affinity_key: str,
-                  parse: Callable[[dict[str, Any]], T]) -> tuple[T, str]:
+                  parse: Callable[[dict[str, Any]], T], *, request_id: str | None = None,
+                  on_attempt: Callable[[str], None] | None = None,
+                  load: Callable[[bytes], Any] = fastjson.loads) -> tuple[T, str]:
         """One non-streaming call to `path` (chat or token-in completions), retried as `chat`."""
+        headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, "X-Request-Id": request_id}
+
         def attempt(up: Upstream) -> tuple[T, str]:
-            resp = self._post(up, body, path=path)
+            if on_attempt is not None:
+                on_attempt(up.root)
+            resp = self._post(up, body, path=path, headers=headers)
             if resp.status_code >= 500:
                 raise _Retry(GatewayError("upstream_error", f"upstream {up.root} answered "
                                           f"{resp.status_code}: {error_message(resp)}"))
             if resp.status_code >= 400:
                 raise map_client_error(resp.status_code, error_message(resp))
             try:
-                data = fastjson.loads(resp.content)
+                data = load(resp.content)
             except ValueError as exc:
                 raise _Retry(GatewayError("upstream_error", f"upstream {up.root} sent invalid JSON: {exc}"),
                              answered=False) from exc
@@ -297,6 +324,25 @@ class UpstreamPool:
             return parse(data), up.root
 
         return self._retrying(affinity_key, attempt)
+
+    def can_abort(self, affinity_key: str) -> bool:
+        """Whether the upstream this session prefers stops a request by its id (vLLM's
+        `POST /abort_requests`, served with VLLM_SERVER_DEV_MODE=1, as the RL API needs)."""
+        return self.ranked(affinity_key)[0].abort_by_id is True
+
+    def abort(self, url: str, request_ids: list[str]) -> bool:
+        """Ask the upstream at `url` to stop these requests (vLLM's external ids: `abort_id`).
+        An id vLLM does not know (not yet admitted, or finished) is ignored there. Never sends
+        an empty list: vLLM's RL router aborts every request it holds for that."""
+        if not request_ids:
+            return False
+        try:
+            resp = self.http.post(f"{url}{ABORT_PATH}", json={"request_ids": request_ids},
+                                  timeout=(self.connect_timeout, ABORT_TIMEOUT))
+        except requests.exceptions.RequestException as exc:
+            log.warning("abort of %s at %s failed: %s", request_ids, url, exc)
+            return False
+        return resp.ok
 
     def can_stream(self, affinity_key: str) -> bool:
         """Whether the upstream this session prefers is known (or not known not) to stream ids."""
@@ -399,6 +445,7 @@ class UpstreamPool:
                 up.last_error = f"token-id probe failed: {exc}"
             if up.token_ids:
                 up.stream_token_ids = self._probe_stream(up, probe)
+                up.abort_by_id = self._probe_abort(up)
                 if result is not None:
                     up.token_in = self._probe_token_in(up, probe["model"], list(result.prompt_token_ids or []))
             elif up.token_ids is False:
@@ -429,6 +476,30 @@ class UpstreamPool:
             up.last_error = f"token-in probe failed: {exc}"
             return None
         return choice.get("prompt_token_ids") == prompt_ids and bool(choice.get("token_ids"))
+
+    def _probe_abort(self, up: Upstream) -> bool | None:
+        """Does the upstream abort requests by id? vLLM 0.32 answers `/abort_requests` with 200
+        in dev mode (`{"status": "aborted", ...}`) and on `--tokens-only` servers (an empty
+        body), else 404. The probe names an id no request has. None: the probe failed (plain
+        calls are then streamed, as they were before the probe)."""
+        try:
+            resp = self.http.post(f"{up.root}{ABORT_PATH}",
+                                  json={"request_ids": [f"polar-abort-probe-{uuid.uuid4().hex}"]},
+                                  timeout=(self.connect_timeout, ABORT_TIMEOUT))
+        except requests.exceptions.RequestException as exc:
+            up.last_error = f"abort probe failed: {exc}"
+            return None
+        if resp.status_code in (404, 405):
+            return False
+        if not resp.ok:
+            return None
+        if not resp.content:
+            return True
+        try:
+            data = resp.json()
+        except ValueError:
+            return None
+        return isinstance(data, dict) and data.get("status") == "aborted"
 
     def _probe_stream(self, up: Upstream, probe: dict[str, Any]) -> bool | None:
         """Does a streamed answer carry the ids (prompt ids first, token ids per chunk, as many as

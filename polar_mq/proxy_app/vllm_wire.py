@@ -32,11 +32,11 @@ COMPLETIONS_PATH = "/v1/completions"
 _PROMPT_IDS_KEY = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
 
 
-def load_first_chunk(data: bytes, loads: Callable[[bytes], Any]) -> Any:
-    """A stream's first chunk, parsed by `loads`, with its `prompt_token_ids` (top level for chat,
-    in the choice for completions) kept as text: a TokenIds (token_ids.py) instead of a list of
-    Python ints, which cost ~0.6 ms of CPU per call at 29k ids and which nothing on the gateway's
-    path needs. The array is cut out of the bytes before parsing (fastjson.loads_cut) and put back
+def load_answer(data: bytes, loads: Callable[[bytes], Any]) -> Any:
+    """A vLLM answer carrying the prompt's ids (a stream's first chunk, or a plain answer's body),
+    parsed by `loads`, with its `prompt_token_ids` (top level for chat, in the choice for
+    completions) kept as text: a TokenIds (token_ids.py) instead of a list of Python ints, which
+    cost ~0.6 ms of CPU per call at 29k ids and which nothing on the gateway's path needs. The array is cut out of the bytes before parsing (fastjson.loads_cut) and put back
     where the cut lands, when that is one of those two places; a chunk whose ids are anything but
     compact non-negative integers (vLLM's form), or whose cut landed anywhere else, is parsed as
     it is. (A key inside a JSON string cannot match: its quotes are escaped there.)"""
@@ -108,7 +108,7 @@ def parse_chat_response(data: dict[str, Any]) -> ChatResult:
         model=data.get("model") or "",
         message=message,
         finish_reason=choice.get("finish_reason") or "stop",
-        prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,
+        prompt_token_ids=as_ids(prompt_ids) if prompt_ids is not None else None,
         completion_token_ids=list(completion_ids) if completion_ids is not None else None,
         logprobs=logprobs,
         prompt_tokens=int(usage.get("prompt_tokens") or len(prompt_ids or [])),

@@ -93,3 +93,13 @@ def test_session_cancel_aborts_a_plain_vllm_call(vllm_gateway, vllm_url):
     assert out["resp"].status_code == 403
     assert wait_idle(vllm_url, 6.0) < 6.0
     assert metric(vllm_url, "vllm:generation_tokens_total") - tokens0 < WANT / 2
+    # vLLM in dev mode stops a request by its id: the plain call went upstream plain, named by its
+    # call id, and vLLM's own answer to the abort carried what it had sampled.
+    (up,) = requests.get(f"{vllm_gateway.url}/health", timeout=10).json()["upstreams"]
+    assert up["abort_by_id"] is True
+    deadline = time.time() + 10
+    while not vllm_gateway.calls(s["session_id"]) and time.time() < deadline:
+        time.sleep(0.1)
+    (rec,) = vllm_gateway.calls(s["session_id"])
+    assert rec["status"] == "error" and rec["finish_reason"] == "abort"
+    assert 1 <= len(rec["completion_token_ids"]) == len(rec["completion_logprobs"]) < WANT / 2

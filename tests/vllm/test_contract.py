@@ -268,7 +268,7 @@ def test_first_chunk_prompt_ids_take_the_text_path(path, vllm_url, standin_url):
     compactly, as vLLM writes them: both servers' raw first chunks must take that path (else the
     stand-in would benchmark a gateway that parses 29k ints real vLLM never makes it parse)."""
     from polar_mq.proxy_app import fastjson
-    from polar_mq.proxy_app.vllm_wire import _prompt_ids, load_first_chunk
+    from polar_mq.proxy_app.vllm_wire import _prompt_ids, load_answer
     from polar_mq.token_ids import TokenIds
 
     if path == "/v1/chat/completions":
@@ -282,7 +282,7 @@ def test_first_chunk_prompt_ids_take_the_text_path(path, vllm_url, standin_url):
         assert resp.status_code == 200, resp.text
         first = next(line for line in resp.iter_lines() if line.startswith(b"data: {"))[6:]
         resp.close()
-        chunk = load_first_chunk(first, fastjson.loads)
+        chunk = load_answer(first, fastjson.loads)
         ids = _prompt_ids(chunk)
         assert isinstance(ids, TokenIds), (url, first[:300])
         assert ids == _prompt_ids(fastjson.loads(first)) and len(ids) > 3

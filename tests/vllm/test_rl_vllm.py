@@ -11,7 +11,8 @@ import time
 
 import requests
 
-from conftest import SERVED, free_port, spawn, stop
+from conftest import SERVED, free_port, spawn, start_model_server, stop
+from shapes import diff
 
 
 def rl_exchange(url: str) -> list:
@@ -85,3 +86,55 @@ def test_admin_pause_and_resume_drive_real_vllm(vllm_gateway, vllm_url, redis_ur
     finally:
         requests.post(f"{base}/v1/admin/resume", headers=vllm_gateway.admin_headers, timeout=60)
         stop(api.proc)
+
+
+def abort_errors(url: str) -> list:
+    out = []
+    for kwargs in [{"json": {"request_ids": ["chatcmpl-polar-none"]}},
+                   {"data": b"{no", "headers": {"Content-Type": "application/json"}},
+                   {"json": ["chatcmpl-polar-none"]}]:
+        r = requests.post(url + "/abort_requests", timeout=30, **kwargs)
+        out.append((r.status_code, r.json()))
+    return out
+
+
+def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
+    """A plain generation stopped by id mid-way (resent every 0.3 s until it answers, as the
+    gateway's UpstreamAborter does): the answer body."""
+    body = {"model": SERVED, "max_tokens": 6000, "ignore_eos": True, "logprobs": True,
+            "return_token_ids": True, "messages": [{"role": "user", "content": content}]}
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", post(body, request_id)))
+    t.start()
+    time.sleep(1.0)
+    while t.is_alive():
+        requests.post(url + "/abort_requests", json={"request_ids": [f"chatcmpl-{request_id}"]}, timeout=30)
+        t.join(0.3)
+    return out["r"]
+
+
+def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, standin_url, log_dir):
+    """vLLM dev mode's /abort_requests, which the gateway stops plain calls with: the same
+    answers on the stand-in, and a plain request so stopped answers 200 with what it sampled,
+    ids and logprobs aligned, finish_reason "abort", named after its X-Request-Id."""
+    assert abort_errors(standin_url) == abort_errors(vllm_url)
+    assert abort_errors(vllm_url)[0] == (200, {"status": "aborted", "aborted": 1})
+
+    def via_http(url: str):
+        return lambda body, rid: requests.post(url + "/v1/chat/completions", json=body, timeout=120,
+                                               headers={"X-Request-Id": rid}).json()
+
+    real = aborted_plain_answer(vllm_url, via_http(vllm_url), "polar-contract-abort", "Tell a very long story.")
+    slow = start_model_server(log_dir, "--served-model-name", SERVED, "--token-latency-ms", "5",
+                              name="standin-abort-contract")
+    try:
+        ours = aborted_plain_answer(slow.url, via_http(slow.url), "polar-contract-abort",
+                                    "polar:long Tell a very long story.")
+    finally:
+        stop(slow.proc)
+    assert not diff(real, ours), diff(real, ours)
+    for answer in (real, ours):
+        choice = answer["choices"][0]
+        assert answer["id"] == "chatcmpl-polar-contract-abort" and choice["finish_reason"] == "abort"
+        n = len(choice["token_ids"])
+        assert 1 <= n < 6000 and len(choice["logprobs"]["content"]) == n == answer["usage"]["completion_tokens"]

@@ -150,6 +150,11 @@ class TitoRoute:
         return self.pool.post_json(COMPLETIONS_PATH, self.completions_body(body, False),
                                    affinity_key, self.to_result)
 
+    def can_abort(self, affinity_key: str) -> bool:
+        """Never: vLLM names a token-id completion `cmpl-<id>-0`, an internal detail the
+        gateway does not rely on; its plain calls are streamed from the upstream instead."""
+        return False
+
     def can_stream(self, affinity_key: str) -> bool:
         return self.pool.can_stream(affinity_key)
 
