@@ -16,7 +16,7 @@ from polar_mq.model import CaptureRecord
 from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.upstream import UpstreamStream
 from polar_mq.proxy_app.vllm_wire import StreamAccumulator, load_answer
-from polar_mq.token_ids import TokenIds
+from polar_mq.token_ids import NUMPY_FROM, TokenIds
 
 
 def text_of(ids: list[int]) -> bytes:
@@ -39,6 +39,10 @@ def test_text_ids_count_and_equal_the_parsed_list(ids):
                                   b"null", b'"1"', b"[1]", b"1,2\n"])
 def test_anything_but_compact_non_negative_ints_is_left_to_the_parser(text):
     assert TokenIds.from_array_text(text) is None
+    # the same behind 10 KB of good ids: past NUMPY_FROM the checks are numpy's, not the stdlib's
+    long = b"1," * 5000
+    assert len(long) >= NUMPY_FROM and TokenIds.from_array_text(long + b"1") is not None
+    assert TokenIds.from_array_text(long + text) is None
 
 
 def chunk(ids: list[int], where: str = "top", separators=(",", ":")) -> bytes:
