@@ -224,3 +224,31 @@ def test_inflight_calls_are_visible_until_recorded(gw):
     t.join(30)
     assert requests.get(f"{gw.url}/sessions/{s['session_id']}", headers=AUTH, timeout=10).json()["inflight_calls"] == 0
     assert wait_record(gw, s["session_id"])[0]["status"] == "ok"
+
+
+def test_an_abort_sent_before_the_upstream_admits_the_call_is_sent_again(gw):
+    """vLLM ignores an abort for an id it has not admitted yet (a request still being rendered,
+    or held by a paused scheduler): the gateway sends the abort again every ABORT_RESEND s until
+    the answer is in. Here the upstream holds the call (its /pause) while the session is
+    cancelled, then admits it: the resent abort stops it after a token or two, not after all."""
+    s = gw.new_session()
+    before = len(generations(gw)["aborted"])
+    requests.post(f"{gw.upstream_url}/pause", params={"mode": "keep"}, timeout=10).raise_for_status()
+    out: dict = {}
+    try:
+        t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
+            f"{s['base_urls']['openai']}/chat/completions", timeout=60,
+            json={"model": "m", "messages": [{"role": "user", "content": LONG}]})))
+        t.start()
+        time.sleep(0.5)
+        requests.post(f"{gw.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10).raise_for_status()
+        time.sleep(0.7)  # the first abort has gone out and found nothing running
+        assert len(generations(gw)["aborted"]) == before and t.is_alive()
+    finally:
+        requests.post(f"{gw.upstream_url}/resume", timeout=10).raise_for_status()
+    t.join(30)
+    aborted = wait_aborted(gw, before)
+    assert aborted["sent_tokens"] < aborted["planned_tokens"] / 2, aborted
+    assert out["resp"].status_code == 403
+    (rec,) = wait_record(gw, s["session_id"])
+    assert rec["status"] == "error" and aborted["id"] == f"chatcmpl-polar-{rec['call_id']}"
