@@ -252,3 +252,22 @@ def test_an_abort_sent_before_the_upstream_admits_the_call_is_sent_again(gw):
     assert out["resp"].status_code == 403
     (rec,) = wait_record(gw, s["session_id"])
     assert rec["status"] == "error" and aborted["id"] == f"chatcmpl-polar-{rec['call_id']}"
+
+
+def test_an_upstream_that_stops_serving_abort_by_id_gets_streamed_plain_calls_again(log_dir):
+    """An upstream restarted without dev mode answers the abort 404: the pool marks it, and the
+    next plain calls are streamed from it again (closing the connection still aborts them)."""
+    from polar_mq.proxy_app.upstream import UpstreamPool
+
+    up = start_model_server(log_dir, "--no-dev-mode", name="ms-nodev-restart")
+    pool = UpstreamPool([up.url])
+    try:
+        (u,) = pool.check_all()
+        assert u.abort_by_id is False
+        u.abort_by_id = True  # as probed before the restart
+        assert pool.can_abort("s")
+        assert pool.abort(up.url, ["chatcmpl-polar-x"]) is False
+        assert u.abort_by_id is False and not pool.can_abort("s") and pool.can_stream("s")
+    finally:
+        pool.close()
+        stop(up.proc)

@@ -342,6 +342,12 @@ class UpstreamPool:
         except requests.exceptions.RequestException as exc:
             log.warning("abort of %s at %s failed: %s", request_ids, url, exc)
             return False
+        if resp.status_code in (404, 405):  # restarted without dev mode: stream plain calls again
+            for up in self.upstreams:
+                if up.root == url and up.abort_by_id:
+                    up.abort_by_id = False
+                    log.warning("upstream %s no longer aborts requests by id: plain calls are "
+                                "streamed from it again", url)
         return resp.ok
 
     def can_stream(self, affinity_key: str) -> bool:
