@@ -50,6 +50,20 @@ def wait_record(gw: GatewayHandle, sid: str, n: int = 1, timeout: float = 20.0) 
         time.sleep(0.05)
 
 
+def long_plain_call(s: dict) -> tuple[threading.Thread, dict]:
+    """A plain call that generates for seconds, on a thread; `out["resp"]` once it answered."""
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
+        f"{s['base_urls']['openai']}/chat/completions", timeout=60,
+        json={"model": "m", "messages": [{"role": "user", "content": LONG}]})))
+    t.start()
+    return t, out
+
+
+def cancel(g: GatewayHandle, s: dict) -> None:
+    requests.post(f"{g.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10).raise_for_status()
+
+
 def wait_aborted(gw: GatewayHandle, before: int, timeout: float = 10.0) -> dict:
     deadline = time.time() + timeout
     while True:
@@ -197,13 +211,9 @@ def test_plain_calls_go_upstream_plain_where_the_upstream_aborts_by_id(gw, gw_no
 def test_without_abort_by_id_a_cancelled_plain_call_is_still_aborted(gw_no_abort):
     s = gw_no_abort.new_session()
     before = len(generations(gw_no_abort)["aborted"])
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
-        f"{s['base_urls']['openai']}/chat/completions", timeout=60,
-        json={"model": "m", "messages": [{"role": "user", "content": LONG}]})))
-    t.start()
+    t, out = long_plain_call(s)
     time.sleep(0.6)
-    requests.post(f"{gw_no_abort.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10).raise_for_status()
+    cancel(gw_no_abort, s)
     t.join(30)
     aborted = wait_aborted(gw_no_abort, before)
     assert aborted["sent_tokens"] < aborted["planned_tokens"]
@@ -234,14 +244,10 @@ def test_an_abort_sent_before_the_upstream_admits_the_call_is_sent_again(gw):
     s = gw.new_session()
     before = len(generations(gw)["aborted"])
     requests.post(f"{gw.upstream_url}/pause", params={"mode": "keep"}, timeout=10).raise_for_status()
-    out: dict = {}
     try:
-        t = threading.Thread(target=lambda: out.setdefault("resp", requests.post(
-            f"{s['base_urls']['openai']}/chat/completions", timeout=60,
-            json={"model": "m", "messages": [{"role": "user", "content": LONG}]})))
-        t.start()
+        t, out = long_plain_call(s)
         time.sleep(0.5)
-        requests.post(f"{gw.url}/sessions/{s['session_id']}/cancel", headers=AUTH, timeout=10).raise_for_status()
+        cancel(gw, s)
         time.sleep(0.7)  # the first abort has gone out and found nothing running
         assert len(generations(gw)["aborted"]) == before and t.is_alive()
     finally:
