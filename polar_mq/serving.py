@@ -5,10 +5,23 @@ The gateway and the rollout API share this; each passes its own app factory and 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from typing import Any, Callable
 
 from flask import Flask
+
+
+def problem_error(sock: Any, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's answer to a request it cannot parse (a bad Content-Length, an over-long request
+    line, too many headers), written before any app sees the request: as application/problem+json,
+    the API's error format, instead of gunicorn's HTML page (tests/test_fuzz_api.py found one)."""
+    from gunicorn import util
+
+    body = json.dumps({"type": "about:blank", "title": reason, "status": status_int, "detail": mesg}).encode()
+    head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: application/problem+json\r\nContent-Length: {len(body)}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin1") + body)
 
 
 def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int, dev: bool = False,
@@ -27,7 +40,10 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
         factory().run(host=host, port=port, threaded=True, use_reloader=False)
         return
 
+    from gunicorn import util
     from gunicorn.app.base import BaseApplication
+
+    util.write_error = problem_error  # the workers answer unparsable requests through it
 
     class Application(BaseApplication):
         def __init__(self) -> None:

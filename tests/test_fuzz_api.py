@@ -8,7 +8,9 @@ and the API must keep answering a normal submit afterwards.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 
 import pytest
 import requests
@@ -64,8 +66,29 @@ def test_api_answers_every_case_without_5xx(case, fuzz_api):
     resp = case.call_and_validate(base_url=fuzz_api.url, headers=AUTH, timeout=30,
                                   excluded_checks=[positive_data_acceptance, negative_data_rejection])
     count_case("api", resp.status_code)
-    if resp.status_code >= 400 and resp.status_code not in (414, 431):  # gunicorn's own, before the app
+    if resp.status_code >= 400:  # gunicorn's own answers included (serving.problem_error)
         assert resp.headers["content-type"][0].startswith("application/problem+json"), resp.text[:300]
+
+
+@pytest.mark.parametrize("request_bytes,status", [
+    (b"GET /v1/groups/stats HTTP/1.1\r\nHost: x\r\ncontent-length: dF42Xe0\r\n\r\n", 400),  # found by the fuzz
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(200)) + b"\r\n", 431),
+])
+def test_requests_gunicorn_refuses_get_problem_json_too(request_bytes, status, fuzz_api):
+    """Requests the HTTP server refuses before the app sees them are answered in the API's error
+    format as well, not gunicorn's HTML page."""
+    host, port = fuzz_api.url.rsplit("/", 1)[-1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request_bytes)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == str(status).encode(), head
+    assert b"content-type: application/problem+json" in head.lower(), head
+    problem = json.loads(body)
+    assert problem["status"] == status and problem["title"] and problem["detail"], problem
 
 
 def test_api_still_serves_after_fuzzing(fuzz_api):
