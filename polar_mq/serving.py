@@ -43,7 +43,10 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
     from gunicorn import util
     from gunicorn.app.base import BaseApplication
 
+    from . import gunicorn_tuning
+
     util.write_error = problem_error  # the workers answer unparsable requests through it
+    gunicorn_tuning.install()
 
     class Application(BaseApplication):
         def __init__(self) -> None:
