@@ -27,6 +27,7 @@ import orjson
 
 from .. import jsonsafe
 from .adapters.base import GatewayError
+from .shared_values import SHARED
 
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 
@@ -82,7 +83,14 @@ loads = orjson.loads  # upstream answers and stream chunks (vLLM writes strict J
 
 
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON, key order kept (tool arguments and schemas render into prompts)."""
+    """Compact UTF-8 JSON, key order kept (tool arguments and schemas render into prompts). An
+    upstream body whose last key is a shared "tools" list (shared_values.py) reuses that list's
+    JSON text: the same bytes, written once per tool set instead of on every call."""
+    if type(value) is dict and len(value) > 1:
+        tools = value.get("tools")
+        if tools is not None and SHARED.is_shared(tools) and next(reversed(value)) == "tools":
+            rest = orjson.dumps({k: v for k, v in value.items() if k != "tools"})
+            return b"".join((rest[:-1], b',"tools":', SHARED.derive(tools, "json", orjson.dumps), b"}"))
     return orjson.dumps(value)
 
 
@@ -166,6 +174,7 @@ class KnownValues:
                 return
             self._entries.insert(0, (text, parsed, counted[0], counted[1]))
             del self._entries[self.max_entries:]
+        SHARED.share(parsed)  # handed to every body that carries it: derive from it once
 
 
 KNOWN = KnownValues()

@@ -24,6 +24,7 @@ from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTra
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
 from .base import (error_in_stream as error_in_stream, stream_content_type as stream_content_type,
                    stream_ping as stream_ping)
+from ..shared_values import SHARED
 from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "anthropic"
@@ -72,7 +73,8 @@ def to_chat(body: dict[str, Any]) -> ChatRequest:
         raise invalid("field 'messages' must contain at least one message")
     for i, msg in enumerate(raw_messages):
         messages.extend(_message(msg, f"messages[{i}].", notes))
-    tools = _tools(optional(body, "tools", list), notes)
+    tools, tool_notes = SHARED.derive(optional(body, "tools", list), "anthropic.tools", _chat_tools)
+    notes.extend(tool_notes)
     params = _params(body, tools, notes)
     stream = optional(body, "stream", bool) or False
     thinking = _thinking_flag(body)
@@ -325,6 +327,13 @@ def _thinking_text(block: dict[str, Any], where: str, notes: list[str]) -> str:
     if signed != shown:
         notes.append("thinking text differs from its signature; used the signed original")
     return signed
+
+
+def _chat_tools(raw: list[Any] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the OpenAI tools, the notes on what was dropped): once per shared tool list
+    (shared_values.py), as harnesses send the same tools on every call."""
+    notes: list[str] = []
+    return _tools(raw, notes), notes
 
 
 def _tools(raw: list[Any] | None, notes: list[str]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTra
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
 from .base import (count_request_body as count_request_body, error_in_stream as error_in_stream,
                    stream_content_type as stream_content_type, stream_ping as stream_ping)
+from ..shared_values import SHARED
 from .openai_errors import error_object
 from .openai_errors import error_response as error_response
 
@@ -73,6 +74,12 @@ def _message(msg: Any, i: int) -> dict[str, Any]:
     return out
 
 
+def _chat_tools(raw: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the checked tools, notes): once per shared tool list (shared_values.py)."""
+    notes: list[str] = []
+    return _tools(raw, notes), notes
+
+
 def _tools(tools: list[Any], notes: list[str]) -> list[dict[str, Any]]:
     out = []
     for j, tool in enumerate(tools):
@@ -96,9 +103,10 @@ def to_chat(body: dict[str, Any]) -> ChatRequest:
         raise invalid("field 'messages' must not be empty")
     notes: list[str] = []
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
-    tools = _tools(optional(body, "tools", list) or [], notes)
-    if body.get("functions"):
-        tools += [{"type": "function", "function": fn} for fn in body["functions"] if isinstance(fn, dict)]
+    tools, tool_notes = SHARED.derive(optional(body, "tools", list) or [], "openai_chat.tools", _chat_tools)
+    notes.extend(tool_notes)
+    if body.get("functions"):  # a new list: `tools` may be shared by other calls
+        tools = tools + [{"type": "function", "function": fn} for fn in body["functions"] if isinstance(fn, dict)]
     params: dict[str, Any] = {}
     for name, typ in _PASS_PARAMS.items():
         value = optional(body, name, typ)
