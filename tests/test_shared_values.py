@@ -117,3 +117,31 @@ def test_bad_tools_are_refused_on_every_call() -> None:
     for _ in range(3):
         with pytest.raises(GatewayError, match="input_schema"):
             anthropic.to_chat(known.loads(data))
+
+
+def _schema(i: int) -> dict:
+    return {"type": "object", "properties": {"path": {"type": "string", "description": f"file {i} " + "p" * 300}}}
+
+
+RESPONSES_BODY = {"model": "m", "input": "hi", "tools": [
+    *[{"type": "function", "name": f"f{i}", "description": "d", "parameters": _schema(i)} for i in range(12)],
+    {"type": "custom", "name": "apply_patch", "description": "patch " + "x" * 500},
+    {"type": "web_search"}]}
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "tools": [
+    {"functionDeclarations": [{"name": f"f{i}", "description": "d", "parameters": _schema(i)} for i in range(12)]},
+    {"googleSearch": {}}]}
+
+
+@pytest.mark.parametrize("adapter,body", [("openai_responses", RESPONSES_BODY), ("gemini", GEMINI_BODY)])
+def test_every_adapter_converts_shared_tools_once(adapter: str, body: dict) -> None:
+    from polar_mq.proxy_app.adapters import gemini, openai_responses
+
+    mod = {"openai_responses": openai_responses, "gemini": gemini}[adapter]
+    data = orjson.dumps(body)
+    known = KnownValues()
+    known.loads(data)
+    first, second = mod.to_chat(known.loads(data)), mod.to_chat(known.loads(data))
+    afresh = mod.to_chat(orjson.loads(data))
+    assert first.tools is second.tools and first.tools == afresh.tools
+    assert first.custom_tools == afresh.custom_tools and first.notes == second.notes == afresh.notes
+    assert any("dropped" in n for n in first.notes)

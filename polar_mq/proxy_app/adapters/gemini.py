@@ -35,6 +35,7 @@ from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTra
                    dump_arguments, invalid, parse_arguments, replayed, sse)
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
 from .base import error_in_stream as error_in_stream
+from ..shared_values import SHARED
 from .reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "gemini"
@@ -218,7 +219,8 @@ def to_chat(body: Any) -> ChatRequest:
     messages.extend(_contents_to_messages(contents, notes))
     if not messages:
         raise invalid("field 'contents' must not be empty")
-    tools = _tools(body, notes)
+    tools, tool_notes = SHARED.derive(_typed(body, "tools", list, ""), "gemini.tools", _tools)
+    notes.extend(tool_notes)
     params, extra = _generation_params(body, notes)
     choice = _tool_choice(body, notes)
     if choice is not None and tools:
@@ -438,9 +440,10 @@ def _part_kind(part: dict[str, Any]) -> str:
     return keys[0] if keys else "(empty)"
 
 
-def _tools(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
-    raw = _typed(body, "tools", list, "")
+def _tools(raw: list[Any] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(chat tools, notes); once per shared tool list (shared_values.py)."""
     tools: list[dict[str, Any]] = []
+    notes: list[str] = []
     for ti, tool in enumerate(raw or []):
         where = f"tools[{ti}]."
         if not isinstance(tool, dict):
@@ -451,7 +454,7 @@ def _tools(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
         for server in _SERVER_TOOLS:
             if _get(tool, server) is not None:
                 notes.append(f"dropped server tool {server}")
-    return tools
+    return tools, notes
 
 
 def _function_tool(decl: Any, label: str) -> dict[str, Any]:

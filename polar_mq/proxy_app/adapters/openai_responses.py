@@ -23,6 +23,7 @@ from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTra
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
 from .base import (count_request_body as count_request_body, stream_content_type as stream_content_type,
                    stream_ping as stream_ping)
+from ..shared_values import SHARED
 from .openai_errors import error_object
 from .openai_errors import error_response as error_response
 from .reasoning import decode_reasoning, encode_reasoning
@@ -64,7 +65,9 @@ def to_chat(body: dict[str, Any]) -> ChatRequest:
     messages += _input_messages(body, notes)
     if not messages:
         raise invalid("'input' must contain at least one item")
-    tools, custom = _tools(body, notes)
+    tools, custom, tool_notes = SHARED.derive(optional(body, "tools", list) or [], "openai_responses.tools",
+                                              _tools)
+    notes.extend(tool_notes)
     params = _params(body, tools, custom, notes)
     extra = {"response_id": "resp_" + uuid.uuid4().hex, "echo": _echo(body)}
     return ChatRequest(model=model, messages=messages, tools=tools, params=params, stream=stream,
@@ -264,12 +267,14 @@ def _file_part(part: dict[str, Any], where: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ tools and parameters
 
 
-def _tools(body: dict[str, Any], notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Function tools pass through; custom tools become one-string-argument functions; hosted
-    tools are dropped (and noted)."""
+def _tools(raw: list[Any]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """(chat tools, custom tool names, notes). Function tools pass through; custom tools become
+    one-string-argument functions; hosted tools are dropped (and noted). Once per shared tool
+    list (shared_values.py): harnesses send the same tools on every call."""
     tools: list[dict[str, Any]] = []
     custom: list[str] = []
-    for i, tool in enumerate(optional(body, "tools", list) or []):
+    notes: list[str] = []
+    for i, tool in enumerate(raw):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise invalid(f"'{where}' must be an object, got {type(tool).__name__}")
@@ -282,7 +287,7 @@ def _tools(body: dict[str, Any], notes: list[str]) -> tuple[list[dict[str, Any]]
         else:
             notes.append(f"dropped {'server' if kind in BUILTIN_TOOL_TYPES else 'unsupported'} "
                          f"tool {kind}")
-    return tools, custom
+    return tools, custom, notes
 
 
 def _function_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
