@@ -62,6 +62,7 @@ class GatewayMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # child()
         # A private registry (a second app in one process must not clash in the global one). With
         # several processes the values go to files and a scrape collects the directory instead.
         self.registry = CollectorRegistry()
@@ -99,18 +100,28 @@ class GatewayMetrics:
             for status in ("ok", "error"):
                 self.generations.labels(provider, status)
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once: labels() takes a lock and checks its
+        arguments on every call (~1.7% of a small call's CPU, py-spy)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def observe(self, record: "CaptureRecord") -> None:
         provider = record.provider
         seconds = max(0.0, float(record.latency_ms or 0.0) / 1000.0)
         status = record.status or "ok"
-        self.latency.labels(provider, "true" if record.stream else "false", status).observe(seconds)
-        self.generations.labels(provider, status).inc()
+        child = self.child
+        child(self.latency, provider, "true" if record.stream else "false", status).observe(seconds)
+        child(self.generations, provider, status).inc()
         prompt = len(record.prompt_token_ids or [])
         sampled = len(record.completion_token_ids or [])
-        self.prompt_tokens.labels(provider).inc(prompt)
-        self.completion_tokens.labels(provider).inc(sampled)
+        child(self.prompt_tokens, provider).inc(prompt)
+        child(self.completion_tokens, provider).inc(sampled)
         if sampled and seconds > 0:
-            self.speed.labels(provider).observe(sampled / seconds)
+            child(self.speed, provider).observe(sampled / seconds)
         if status == "error":
             kind = (record.error or "unknown").split(":", 1)[0].strip() or "unknown"
             self.errors.labels(provider, kind).inc()

@@ -470,9 +470,12 @@ def from_chat(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
     }
 
 
+_NOT_ALNUM = re.compile(r"[^A-Za-z0-9]")
+
+
 def _message_id(result: ChatResult) -> str:
     """Anthropic ids start with msg_; derive from the upstream id so both can be correlated."""
-    tail = re.sub(r"[^A-Za-z0-9]", "", result.id or "") or uuid.uuid4().hex
+    tail = _NOT_ALNUM.sub("", result.id or "") or uuid.uuid4().hex
     return f"msg_{tail}"
 
 

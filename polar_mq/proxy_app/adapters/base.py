@@ -244,11 +244,17 @@ def parse_arguments(arguments: Any) -> Any:
         return {"_raw": arguments}
 
 
+# json.dumps(..., ensure_ascii=False) builds a new encoder on every call (its non-default options);
+# one kept encoder writes the same text (py-spy: the Claude Code request's history of tool calls
+# spent ~2.6% of the call's CPU in json.dumps).
+_ARGUMENTS = json.JSONEncoder(ensure_ascii=False)
+
+
 def dump_arguments(arguments: Any) -> str:
-    """Tool-call arguments as the JSON string OpenAI chat expects."""
+    """Tool-call arguments as the JSON string OpenAI chat expects (json.dumps' text, exactly)."""
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return _ARGUMENTS.encode(arguments if arguments is not None else {})
 
 
 _T = TypeVar("_T")
