@@ -13,7 +13,8 @@ def _gateway(args: argparse.Namespace) -> int:
 
     settings = GatewaySettings.from_env(host=args.host, port=args.port, served_model=args.served_model,
                                         public_url=args.public_url, tito=args.tito,
-                                        tokenizer=args.tokenizer, worker_class=args.worker_class)
+                                        tokenizer=args.tokenizer, worker_class=args.worker_class,
+                                        lean_http=False if args.no_lean_http else None)
     if not args.dev:  # gevent workers: patch before redis, requests and ssl are imported
         from .proxy_app.serve import patch_for
 
@@ -177,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--worker-class", choices=["gevent", "gthread"],
                     help="gunicorn worker model (default gevent: thousands of open streams per "
                          "process; $POLAR_GATEWAY_WORKER)")
+    gw.add_argument("--no-lean-http", action="store_true",
+                    help="serve every request through gunicorn's HTTP handling (default: gevent workers "
+                         "serve plain provider calls on their lean path; $POLAR_GATEWAY_LEAN_HTTP=0)")
     gw.add_argument("--tito", choices=["auto", "on", "off"],
                     help="token-in continuation (default auto: on when --tokenizer is given and the "
                          "upstream takes token-id prompts; $POLAR_TITO)")

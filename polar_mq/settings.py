@@ -114,6 +114,9 @@ class GatewaySettings:
     # process, keep-alive handled inline) or gthread (one thread per request, `threads` of them).
     worker_class: str = "gevent"
     worker_connections: int = 4096  # gevent: connections one worker process holds at once
+    # gevent: serve plain provider calls on the lean path (proxy_app/lean_worker.py), the rest
+    # through gunicorn's own HTTP handling; False: every request through gunicorn.
+    lean_http: bool = True
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewaySettings":
@@ -134,6 +137,7 @@ class GatewaySettings:
             tokenizer=env.get("POLAR_TOKENIZER") or None,
             worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",
             worker_connections=int(env.get("POLAR_GATEWAY_CONNECTIONS") or 4096),
+            lean_http=env.get("POLAR_GATEWAY_LEAN_HTTP", "1").lower() not in ("0", "false", "no"),
         )
         for k, v in overrides.items():
             if v is not None:

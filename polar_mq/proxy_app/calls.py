@@ -235,6 +235,7 @@ class CallRegistry:
 def client_socket(environ: dict[str, Any]) -> socket.socket | None:
     """The client's connection under gunicorn or werkzeug (None where the server hides it)."""
     sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
+    sock = getattr(sock, "socket_under", sock)  # lean_worker.ReplaySocket: the socket itself
     return sock if isinstance(sock, socket.socket) else None
 
 

@@ -43,6 +43,9 @@ def serve(settings: GatewaySettings, *, dev: bool = False, workers: int | None =
 
         return create_app(settings)
 
+    worker_class = settings.worker_class
+    if worker_class == "gevent" and settings.lean_http:
+        worker_class = "polar_mq.proxy_app.lean_worker.LeanWorker"  # gunicorn's gevent worker + lean path
     serve_wsgi("gateway", factory, host=settings.host, port=settings.port, dev=dev,
                workers=workers, threads=threads, on_child_exit=None if dev else worker_exited,
-               worker_class=settings.worker_class, worker_connections=settings.worker_connections)
+               worker_class=worker_class, worker_connections=settings.worker_connections)

@@ -66,7 +66,9 @@ def register(app: Flask, gw: "Gateway") -> None:
             warnings.append("an upstream does not return token ids: captured calls are not trainable")
         return jsonify({"status": "ok" if ok and token_ids else "degraded", "redis": redis_ok,
                         "served_model": gw._served_model, "token_ids": token_ids,
-                        "tito": gw.tito.describe(), "upstreams": ups, "warnings": warnings})
+                        "tito": gw.tito.describe(), "upstreams": ups, "warnings": warnings,
+                        # "lean": plain provider calls on lean_worker's path; else the server's own
+                        "http": app.config.get("POLAR_HTTP_PATH", "server")})
 
     @app.post("/sessions")
     def create_session() -> Response:
