@@ -230,6 +230,8 @@ class LeanWorker(GeventWorker):
         from gunicorn_h1c import IncompleteError, parse_request
 
         cfg = self.cfg
+        if not cfg.keepalive:  # one request per connection: gunicorn's own loop for that
+            return b""
         limit_line = cfg.limit_request_line
         limit_line = 1024 * 1024 if limit_line == 0 else min(limit_line, 8190)
         limits = {"limit_request_line": limit_line, "limit_request_fields": cfg.limit_request_fields,
@@ -239,11 +241,13 @@ class LeanWorker(GeventWorker):
         max_head = limit_line + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 4
         routes = _route_check(fast)
         server = listener.getsockname()
+        keepalive = cfg.keepalive
+        base = self.base_environ()
         buf = b""
         while self.is_alive():
             last = 0
             parsed = None
-            with gevent.Timeout(cfg.keepalive, False):
+            with gevent.Timeout(keepalive, False):
                 while True:
                     if buf:
                         try:
@@ -280,7 +284,7 @@ class LeanWorker(GeventWorker):
                     self.log.info("Autorestarting worker after current request.")
                 self.alive = False
             close = req.close or not self.is_alive()
-            environ = environ_for(req, body, self.base_environ(), client, addr, server)
+            environ = environ_for(req, body, base, client, addr, server)
             if not self.respond(fast, environ, client, close):
                 return None
             if close:
