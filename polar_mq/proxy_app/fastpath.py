@@ -44,6 +44,21 @@ ROUTES: dict[str, tuple[str, bool]] = {
 }
 
 
+def provider_path(path: str) -> tuple[str | None, str, bool] | None:
+    """(key from a /s/<key> prefix, provider, whether it counts tokens) for a path this layer
+    serves, else None. Shared with lean_worker.py, which must take exactly these paths."""
+    key = None
+    if path.startswith("/s/"):
+        key, sep, rest = path[3:].partition("/")
+        if not key or not sep:
+            return None
+        path = "/" + rest
+    found = ROUTES.get(path)
+    if found is None:
+        return None
+    return key, found[0], found[1]
+
+
 def _status(code: int) -> str:
     try:
         return f"{code} {HTTPStatus(code).phrase}"
@@ -79,17 +94,7 @@ class FastPath:
             return None
         if not environ.get("CONTENT_LENGTH") or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             return None
-        path = environ.get("PATH_INFO", "")
-        key = None
-        if path.startswith("/s/"):
-            key, sep, rest = path[3:].partition("/")
-            if not key or not sep:
-                return None
-            path = "/" + rest
-        found = ROUTES.get(path)
-        if found is None:
-            return None
-        return key, found[0], found[1]
+        return provider_path(environ.get("PATH_INFO", ""))
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         routed = self.route(environ)

@@ -38,13 +38,14 @@ from __future__ import annotations
 import errno
 import io
 import logging
-import socket
 import sys
 from typing import Any, Callable, Iterable
 
 import gevent
 from gunicorn import SERVER, util
 from gunicorn.workers.ggevent import GeventWorker
+
+from .fastpath import FastPath, provider_path
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -58,7 +59,6 @@ GUNICORN_HEADERS = frozenset((
 ))
 SINGLETONS = frozenset((b"host", b"content-type", b"content-length"))
 READ_SIZE = 65536
-STATUS_LINES: dict[str, bytes] = {}
 
 
 class ReplaySocket:
@@ -98,7 +98,7 @@ class Request:
         self.headers, self.length, self.close = headers, length, close
 
 
-def lean_request(parsed: dict[str, Any], routes: Callable[[str], bool], max_body: int) -> Request | None:
+def lean_request(parsed: dict[str, Any], max_body: int) -> Request | None:
     """The request when the lean path may serve it (module docstring), else None."""
     if parsed["method"] != b"POST" or parsed["minor_version"] != 1:
         return None
@@ -163,16 +163,9 @@ def environ_for(req: Request, body: bytes, base: dict[str, Any], sock: Any,
     return environ
 
 
-def status_line(status: str) -> bytes:
-    line = STATUS_LINES.get(status)
-    if line is None:
-        line = STATUS_LINES[status] = f"HTTP/1.1 {status}\r\n".encode("latin-1")
-    return line
-
-
 def reply_head(status: str, headers: list[tuple[str, str]], close: bool, chunked: bool) -> bytes:
     """The head gunicorn's Response writes: status, Server, Date, Connection, then the app's."""
-    parts = [status_line(status).decode("latin-1"), f"Server: {SERVER}\r\n", f"Date: {util.http_date()}\r\n",
+    parts = [f"HTTP/1.1 {status}\r\n", f"Server: {SERVER}\r\n", f"Date: {util.http_date()}\r\n",
              "Connection: close\r\n" if close else "Connection: keep-alive\r\n"]
     if chunked:
         parts.append("Transfer-Encoding: chunked\r\n")
@@ -197,8 +190,6 @@ class LeanWorker(GeventWorker):
     def fast_path(self) -> Any:
         """The app's FastPath (fastpath.py), or None (then every request is gunicorn's)."""
         if self._fast is None:
-            from .fastpath import FastPath
-
             fast = getattr(self.wsgi, "wsgi_app", None)
             self._fast = fast if isinstance(fast, FastPath) else False
         return self._fast or None
@@ -215,6 +206,9 @@ class LeanWorker(GeventWorker):
                 log.exception("socket error on the gateway's lean path")
             util.close(client)
             return
+        except gevent.GreenletExit:  # the worker is stopping: as gunicorn's own handle, quietly
+            util.close(client)
+            raise
         except BaseException:
             log.exception("gateway lean path failed")
             util.close(client)
@@ -239,7 +233,6 @@ class LeanWorker(GeventWorker):
                   "permit_unconventional_http_method": cfg.permit_unconventional_http_method,
                   "permit_unconventional_http_version": cfg.permit_unconventional_http_version}
         max_head = limit_line + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 4
-        routes = _route_check(fast)
         server = listener.getsockname()
         keepalive = cfg.keepalive
         base = self.base_environ()
@@ -267,7 +260,7 @@ class LeanWorker(GeventWorker):
                 return None
             if buf[:2] == b"\r\n":  # gunicorn's own handling of a leading empty line
                 return buf
-            req = lean_request(parsed, routes, fast.max_body_bytes)
+            req = lean_request(parsed, fast.max_body_bytes)
             if req is None:
                 return buf
             consumed = parsed["consumed"]
@@ -343,13 +336,6 @@ def _no_write(data: bytes) -> None:
     raise RuntimeError("the gateway's lean path does not support the WSGI write() callable")
 
 
-def _route_check(fast: Any) -> Callable[[str], bool]:
-    """Whether FastPath serves a POST to `path` (its own `route`, on the environ keys it reads)."""
-
-    def routes(path: str) -> bool:
-        return fast.route({"REQUEST_METHOD": "POST", "CONTENT_LENGTH": "1", "PATH_INFO": path}) is not None
-
-    return routes
-
-
-__all__ = ["LeanWorker", "ReplaySocket", "lean_request", "environ_for", "reply_head", "socket"]
+def routes(path: str) -> bool:
+    """Whether FastPath serves a POST to `path` (fastpath.provider_path: the same paths)."""
+    return provider_path(path) is not None

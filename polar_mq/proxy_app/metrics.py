@@ -62,7 +62,7 @@ class GatewayMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.multiprocess = bool(os.environ.get(MULTIPROC_ENV))
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # child()
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # child()
         # A private registry (a second app in one process must not clash in the global one). With
         # several processes the values go to files and a scrape collects the directory instead.
         self.registry = CollectorRegistry()
@@ -103,7 +103,7 @@ class GatewayMetrics:
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once: labels() takes a lock and checks its
         arguments on every call (~1.7% of a small call's CPU, py-spy)."""
-        key = (id(metric), labels)
+        key = (metric, labels)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
