@@ -22,7 +22,6 @@ Decoding gives back exactly the record that was encoded; `GET /sessions/<id>/cal
 from __future__ import annotations
 
 import hashlib
-import threading
 import zlib
 from array import array
 from typing import Any, Callable
@@ -31,6 +30,7 @@ import msgpack
 
 from .model import CaptureRecord
 from .token_ids import TokenIds, parse_ids
+from .locks import short_lock
 
 ID_BLOCK = 256  # prompt ids per shared block
 TEXT_BLOCK = 1536  # bytes of id text per shared block of a TokenIds (~256 ids of 5 digits)
@@ -65,7 +65,7 @@ class BlockDigests:
     def __init__(self, max_entries: int = 32768):
         self.max_entries = max_entries
         self._map: dict[bytes, bytes] = {}
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def get(self, key: bytes) -> bytes | None:
         return self._map.get(key)
@@ -93,7 +93,7 @@ class RepeatedValues:
     def __init__(self, max_entries: int = 16):
         self.max_entries = max_entries
         self._entries: list[tuple[bytes, bytes, Any]] = []  # (packed, digest, object), most recent first
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def same(self, value: Any) -> tuple[bytes, bytes] | None:
         """(packed, digest) of this very object, if it was digested here."""

@@ -21,29 +21,75 @@ Redis connections at once).
 from __future__ import annotations
 
 import os
-import threading
+import socket
 from typing import Any, Sequence
 
 import redis
+from hiredis import pack_command  # a dependency (setup.py): redis-py's HiredisRespSerializer uses it too
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import NoScriptError, ResponseError
 
+from .fast_send import send_all
 from .idle_socket import idle_and_open
+from .locks import bounded_semaphore, short_lock
+
 
 Command = tuple[Any, ...]
 
 
-def bounded_semaphore(n: int) -> Any:
-    """gevent's own (compiled) semaphore in a monkey-patched process, else threading's. The stdlib
-    one is Python code over a Condition: under gevent its release alone (notify, _is_owned, two
-    lock round trips) was ~3% of a small call's CPU (py-spy --gil)."""
+def pack_commands(conn: Any, commands: Sequence[Command]) -> bytes:
+    """`commands` in RESP, one bytes object: with hiredis, each command packed by
+    `hiredis.pack_command` as redis-py's HiredisRespSerializer packs it (same bytes), without
+    its per-command argument copies and buffer bookkeeping; else by `conn.pack_commands`."""
+    if isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
+        try:
+            # redis-py splits a command name with a space ("CONFIG GET"): names here have none
+            if all(isinstance(c[0], str) and " " not in c[0] for c in commands):
+                return b"".join([pack_command(c) for c in commands])
+        except TypeError:
+            pass  # an argument hiredis refuses: redis-py's packer converts it or says why (DataError)
+    return b"".join(conn.pack_commands(commands))
+
+
+def send_commands(conn: Any, commands: Sequence[Command]) -> None:
+    """`conn.send_packed_command(conn.pack_commands(commands))` in one write (fast_send.send_all:
+    gevent's sendall asked the kernel for the send buffer's size first, every time), with its
+    errors: the connection closed, redis.TimeoutError / ConnectionError."""
+    wire = pack_commands(conn, commands)
+    if not conn._sock:
+        conn.connect()
     try:
-        from gevent import monkey
-    except ImportError:
-        return threading.BoundedSemaphore(n)
-    if not monkey.is_module_patched("threading"):
-        return threading.BoundedSemaphore(n)
-    from gevent.lock import BoundedSemaphore
-    return BoundedSemaphore(n)
+        send_all(conn._sock, wire)
+    except socket.timeout:
+        conn.disconnect()
+        raise redis.TimeoutError("Timeout writing to socket") from None
+    except OSError as exc:
+        conn.disconnect()
+        code, message = ("UNKNOWN", exc.args[0]) if len(exc.args) == 1 else exc.args[:2]
+        raise redis.ConnectionError(f"Error {code} while writing to socket. {message}.") from None
+
+
+def read_replies(conn: Any, n: int) -> list[Any]:
+    """`n` replies from `conn`, an error reply (ResponseError) in its place: straight from the
+    connection's parser (RESP2 or RESP3, push messages skipped as `read_response` skips them),
+    with `Connection.read_response`'s handling of a broken read (the connection closed,
+    redis.TimeoutError / ConnectionError naming the host). That wrapper formatted the host's
+    name for an error message before every reply (~1% of a small call's CPU, py-spy --gil)."""
+    out: list[Any] = []
+    parser = conn._parser
+    try:
+        for _ in range(n):
+            out.append(parser.read_response(disable_decoding=False))
+    except socket.timeout:
+        conn.disconnect()
+        raise redis.TimeoutError(f"Timeout reading from {conn._host_error()}") from None
+    except OSError as exc:
+        conn.disconnect()
+        raise redis.ConnectionError(f"Error while reading from {conn._host_error()} : {exc.args}") from None
+    except BaseException:
+        conn.disconnect()
+        raise
+    return out
 
 
 class RedisWire:
@@ -53,19 +99,21 @@ class RedisWire:
         pool = client.connection_pool
         self._make = lambda: pool.connection_class(**pool.connection_kwargs)
         self._idle: list[Any] = []
-        self._lock = threading.Lock()
+        self._lock = short_lock()  # only the list: the peek and connect happen outside
         self._slots = bounded_semaphore(max_connections)
         self._pid = os.getpid()
 
     def _take(self) -> Any:
-        with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
-                self._idle, self._pid = [], os.getpid()
-            while self._idle:
-                conn = self._idle.pop()
-                if idle_and_open(getattr(conn, "_sock", None)):
-                    return conn
-                conn.disconnect()
+        while True:
+            with self._lock:
+                if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
+                    self._idle, self._pid = [], os.getpid()
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if idle_and_open(getattr(conn, "_sock", None)):
+                return conn
+            conn.disconnect()
         conn = self._make()
         conn.connect()
         return conn
@@ -81,13 +129,8 @@ class RedisWire:
         try:
             conn = self._take()
             try:
-                conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-                out: list[Any] = []
-                for _ in range(replies):
-                    try:
-                        out.append(conn.read_response())
-                    except ResponseError as exc:
-                        out.append(exc)
+                send_commands(conn, commands)
+                out = read_replies(conn, replies)
             except BaseException:
                 conn.disconnect()
                 raise

@@ -7,7 +7,6 @@ add their own keys to `Keys` rather than spelling key strings elsewhere.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterable
@@ -18,6 +17,7 @@ import redis
 from . import record_codec, replies
 from .model import CaptureRecord, GatewaySession, Trajectory
 from .redis_wire import RedisWire
+from .locks import short_lock
 
 
 class Keys:
@@ -221,7 +221,7 @@ class KnownChunks:
     def __init__(self, max_sessions: int = 512):
         self.max_sessions = max_sessions
         self._by_session: OrderedDict[str, set[bytes]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def get(self, session_id: str, default: set[bytes]) -> set[bytes]:
         with self._lock:

@@ -104,3 +104,26 @@ def test_the_store_writes_the_same_record_through_the_wire(client):
     assert {**a, "session_id": "s2"} == b
     assert client.hlen(plain.keys.call_chunks("s1")) == client.hlen(wired.keys.call_chunks("s2")) > 0
 
+
+
+def test_commands_are_packed_as_redis_py_packs_them(client):
+    """The one-buffer packing (pack_commands) gives redis-py's bytes: str, unicode, bytes, ints,
+    floats, bytearray and memoryview arguments, a command name with a space; an argument neither
+    takes is refused with redis-py's DataError."""
+    from polar_mq.redis_wire import pack_commands
+
+    conn = client.connection_pool.get_connection()
+    try:
+        cases = [
+            [("SET", "k", b"v\x00\xff")],
+            [("MULTI",), ("HSETNX", "h", b"\x01" * 40, b"x" * 70000), ("RPUSH", "l", "é✓", 7, -3, 0.1, 1e300),
+             ("EXEC",)],
+            [("EVALSHA", "abc", 2, "k1", "k2", 1796275334.123456, bytearray(b"ba"), memoryview(b"mv"))],
+            [("CONFIG GET", "maxmemory")],
+        ]
+        for commands in cases:
+            assert pack_commands(conn, commands) == b"".join(conn.pack_commands(commands)), commands
+        with pytest.raises(redis.DataError):
+            pack_commands(conn, [("SET", "k", object())])
+    finally:
+        client.connection_pool.release(conn)

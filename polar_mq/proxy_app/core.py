@@ -35,6 +35,7 @@ from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
+from ..locks import short_lock
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -117,7 +118,7 @@ class Gateway:
         self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
         self.admission.wire = store.wire
         self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
-        self._keys_lock = threading.Lock()
+        self._keys_lock = short_lock()
         self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
 
     # --- model names ----------------------------------------------------------------------------

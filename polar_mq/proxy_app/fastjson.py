@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import threading
 from typing import Any
 
 import orjson
@@ -28,6 +27,7 @@ import orjson
 from .. import jsonsafe
 from .adapters.base import GatewayError
 from .shared_values import SHARED
+from ..locks import short_lock
 
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 
@@ -125,7 +125,7 @@ class KnownValues:
         self.max_entries = max_entries
         self.min_bytes = min_bytes
         self._entries: list[tuple[bytes, Any, int, int]] = []  # (text, value, values, depth)
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def loads(self, data: bytes) -> Any:
         """`loads_body(data)`, through a known value when the body has one."""

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 from collections import deque
 from typing import Any, Callable
 
+from ..fast_send import send_all
 from ..idle_socket import idle_and_open
 from . import fastjson
+from ..locks import short_lock
 
 MAX_HEAD = 65536  # bytes of status line + headers accepted
 RECV = 65536
@@ -92,7 +93,7 @@ class Response:
                  headers: dict[str, str], keep_alive: bool):
         self._pool = pool
         self._conn: _Conn | None = conn
-        self._lock = threading.Lock()
+        self._lock = short_lock()
         self.status_code = status
         self.reason = reason
         self.headers = headers
@@ -384,7 +385,7 @@ class Http11Pool:
 
     def _exchange(self, conn: _Conn, wire: bytes) -> Response:
         try:
-            conn.sock.sendall(wire)
+            send_all(conn.sock, wire)
         except socket.timeout as exc:
             conn.kill()
             raise ReadTimeout(f"send timed out: {exc}") from None

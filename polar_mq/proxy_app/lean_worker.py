@@ -45,6 +45,7 @@ import gevent
 from gunicorn import SERVER, util
 from gunicorn.workers.ggevent import GeventWorker
 
+from ..fast_send import send_all
 from .fastpath import FastPath, provider_path
 
 log = logging.getLogger("polar_mq.gateway")
@@ -314,13 +315,13 @@ class LeanWorker(GeventWorker):
             sized = any(k.lower() == "content-length" for k, _ in headers)
             if sized:
                 parts = list(result)
-                client.sendall(b"".join([reply_head(status, headers, close, False), *parts]))
+                send_all(client, b"".join([reply_head(status, headers, close, False), *parts]))
                 return True
-            client.sendall(reply_head(status, headers, close, True))
+            send_all(client, reply_head(status, headers, close, True))
             for part in result:
                 if part:
-                    client.sendall(b"%X\r\n%s\r\n" % (len(part), part))
-            client.sendall(b"0\r\n\r\n")
+                    send_all(client, b"%X\r\n%s\r\n" % (len(part), part))
+            send_all(client, b"0\r\n\r\n")
             return True
         except OSError as exc:
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF):

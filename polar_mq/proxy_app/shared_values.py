@@ -21,8 +21,8 @@ reused by another while the entry lives.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, TypeVar
+from ..locks import short_lock
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ class SharedValues:
         self.max_shared, self.max_derived = max_shared, max_derived
         self._shared: list[Any] = []  # most recent first
         self._derived: list[tuple[Any, str, Any]] = []  # (object, derivation, result)
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def share(self, obj: Any) -> None:
         """Mark `obj` as handed to many calls unchanged."""
