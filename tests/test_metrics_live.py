@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import AUTH, start_gateway, stop
 from polar_mq.model import CaptureRecord
-from polar_mq.proxy_app.metrics import GatewayMetrics
+from polar_mq.proxy_app.metrics import FLUSH_INTERVAL, Batched, GatewayMetrics
 
 
 def _admin(gateway) -> dict[str, str]:
@@ -105,7 +105,17 @@ def test_metrics_sum_over_gunicorn_workers_and_count_retries_and_errors(two_work
     failing = requests.post(f"{url}/sessions", json={}, headers=AUTH, timeout=10).json()
     with pytest.raises(openai.APIStatusError):
         chat(failing, "break polar:fail=500")
-    scrapes = [scrape(url) for _ in range(6)]  # whichever worker answers, the totals are the same
+    # Each worker writes its sums every FLUSH_INTERVAL s (metrics.Batched): the other worker's
+    # calls show within that, and from then on whichever worker answers, the totals are the same.
+    deadline = time.monotonic() + 10 * FLUSH_INTERVAL
+    while True:
+        first = scrape(url)
+        if (value(first, "polar_mq_gateway_generations_total", provider="openai_chat", status="ok") == 6
+                and value(first, "polar_mq_gateway_generations_total", provider="openai_chat", status="error") == 1):
+            break
+        assert time.monotonic() < deadline, "a worker's calls did not reach the scrape"
+        time.sleep(FLUSH_INTERVAL / 5)
+    scrapes = [scrape(url) for _ in range(6)]
     assert len({value(s, "polar_mq_gateway_generations_total", provider="openai_chat", status="ok") for s in scrapes}) == 1
     s = scrapes[0]
     assert value(s, "polar_mq_gateway_generations_total", provider="openai_chat", status="ok") == 6
@@ -117,8 +127,6 @@ def test_metrics_sum_over_gunicorn_workers_and_count_retries_and_errors(two_work
 
 
 def test_tito_fields_are_read_when_present_and_ignored_when_absent():
-    from prometheus_client import generate_latest
-
     m = GatewayMetrics()
     plain = CaptureRecord(session_id="s", provider="anthropic", latency_ms=100, completion_token_ids=[1, 2])
     m.observe(plain)
@@ -135,13 +143,56 @@ def test_tito_fields_are_read_when_present_and_ignored_when_absent():
     setattr(first, "parent_call_id", None)
     m.observe(first)
     samples = {}
-    for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
+    for family in text_string_to_metric_families(m.exposition()[0].decode()):  # a scrape writes the sums
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     assert value(samples, "polar_mq_gateway_tito_continuations_total", provider="anthropic") == 1
     assert value(samples, "polar_mq_gateway_tito_breaks_total", provider="anthropic") == 1
     assert value(samples, "polar_mq_gateway_generations_total", provider="anthropic", status="ok") == 4
     assert value(samples, "polar_mq_gateway_decode_tokens_per_second_sum", provider="anthropic") == 20.0
+
+
+def _samples(registry) -> dict:
+    from prometheus_client import generate_latest
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in family.samples if not s.name.endswith("_created")}
+
+
+@pytest.mark.parametrize("internals", [True, False])
+def test_batched_updates_write_what_direct_updates_write(internals, monkeypatch):
+    """The sums Batched writes equal the same updates made one by one: counters, a gauge going
+    up and down, histogram observations on, between and beyond the bucket bounds (with and
+    without prometheus_client's histogram internals); nothing shows before a flush."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    def metrics(registry):
+        return (Counter("c", "c", ["k"], registry=registry), Gauge("g", "g", registry=registry),
+                Histogram("h", "h", ["k"], buckets=(0.1, 1, 5), registry=registry))
+
+    direct, batched_reg = CollectorRegistry(), CollectorRegistry()
+    (dc, dg, dh), (bc, bg, bh) = metrics(direct), metrics(batched_reg)
+    batched = Batched(interval=3600)
+    values = [0.0, 0.1, 0.05, 1, 1.0000001, 5, 7.5, 0.1, 1e9]
+    for i, v in enumerate(values):
+        key = "a" if i % 2 else "b"
+        dh.labels(key).observe(v)
+        child = bh.labels(key)
+        if not internals:
+            monkeypatch.delattr(type(child), "_upper_bounds", raising=False)
+            child = type("Bare", (), {"observe": child.observe})()
+        batched.observe(child, v)
+        dc.labels(key).inc(v)
+        batched.inc(bc.labels(key), v)
+    for delta in (1, 1, -1, 1, -1):
+        dg.inc(delta)
+        batched.inc(bg, delta)
+    assert set(_samples(batched_reg).values()) == {0.0}
+    batched.flush()
+    assert _samples(batched_reg) == _samples(direct)
+    batched.flush()  # nothing pending: nothing written twice
+    assert _samples(batched_reg) == _samples(direct)
 
 
 # --- token text -----------------------------------------------------------------------------------
