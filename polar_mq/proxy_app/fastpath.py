@@ -59,11 +59,19 @@ def provider_path(path: str) -> tuple[str | None, str, bool] | None:
     return key, found[0], found[1]
 
 
+_STATUS_LINES: dict[int, str] = {}
+
+
 def _status(code: int) -> str:
-    try:
-        return f"{code} {HTTPStatus(code).phrase}"
-    except ValueError:
-        return f"{code} UNKNOWN"
+    line = _STATUS_LINES.get(code)
+    if line is None:  # HTTPStatus(code) builds an enum lookup per reply: once per code instead
+        try:
+            line = f"{code} {HTTPStatus(code).phrase}"
+        except ValueError:
+            line = f"{code} UNKNOWN"
+        if len(_STATUS_LINES) < 1000:
+            _STATUS_LINES[code] = line
+    return line
 
 
 def _json(body: Any) -> bytes:

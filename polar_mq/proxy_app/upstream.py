@@ -238,6 +238,8 @@ class UpstreamPool:
     # --- choosing -------------------------------------------------------------------------------
     def ranked(self, affinity_key: str) -> list[Upstream]:
         """Upstreams in preference order for this key: healthy first, by rendezvous weight."""
+        if len(self.upstreams) == 1:  # one order only: no weights to hash
+            return list(self.upstreams)
         return sorted(self.upstreams, key=lambda u: (not u.healthy, -_weight(u.root, affinity_key)))
 
     # --- generation -----------------------------------------------------------------------------
