@@ -6,7 +6,9 @@ clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude 
   * a small OpenAI chat request: upstream direct vs through the gateway (and the same request
     streamed from the upstream, for reference: gateways before session 8, and any gateway whose
     upstream cannot abort a request by id, stream plain calls internally so that they can abort
-    them; the stand-in serves vLLM's dev-mode `/abort_requests`, as an RL deployment's vLLM does);
+    them; the stand-in serves vLLM's dev-mode `/abort_requests`, as an RL deployment's vLLM does),
+    and through the floor under any Python gateway here (bare_proxy.py: a gevent process that
+    forwards the bytes, alone and with two Redis round trips per call);
   * a real recorded Claude Code request (tests/replays/claude_code/anthropic.json, its ~82 KB
     third request: 26 tools, a tool result; sent non-streamed): the chat request the gateway
     would send (the Anthropic adapter's translation) direct vs the Anthropic request through
@@ -272,6 +274,13 @@ def main() -> int:
                 gateway = f"http://127.0.0.1:{gport}"
                 session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
                 targets.append(Target(label, gateway, Cpu(procs[-1].pid), session["key"], session["session_id"]))
+            floors: dict[str, str] = {}  # the floor under any Python gateway here (bare_proxy.py)
+            for name, extra_args in (("bare gevent proxy", []), ("bare proxy + 2 Redis trips", ["--redis", redis_server.url])):
+                fport = free_port()
+                procs.append(spawn([sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(fport),
+                                    "--upstream", upstream, *extra_args], f"http://127.0.0.1:{fport}/",
+                                   logs / f"bare{len(floors)}.log"))
+                floors[name] = f"http://127.0.0.1:{fport}/v1/chat/completions"
         http = SdkSession()  # keep-alive and compact JSON, as SDK clients
         if args.hold:
             input(f"gateway worker pid(s) {[(t.label, [p.pid for p in t.cpu.workers()]) for t in targets]}; "
@@ -316,7 +325,9 @@ def main() -> int:
                 lambda t: lambda: http.post(f"{t.url}/s/{t.key}/v1/chat/completions", json=small_chat),
                 "gateway (openai chat)",
                 {"small: upstream direct streamed (reference)": lambda: http.post(direct_url, json={
-                    **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}})})
+                    **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}}),
+                 **{f"small: floor, {name}": (lambda u: lambda: http.post(u, json=direct_body(small_chat)))(url)
+                    for name, url in floors.items()}})
             run("replay 82KB", args.n_large, lambda: http.post(direct_url, json=replay_chat),
                 lambda t: lambda: http.post(f"{t.url}/v1/messages", json=replay_anthropic,
                                             headers={"anthropic-version": "2023-06-01", "x-api-key": t.key}),
@@ -427,6 +438,9 @@ def main() -> int:
         get = lambda name, t, f: rows[f"{name} {t.label}"][f]  # noqa: E731
         row("small chat overhead p50 ms", [f"{get('small: gateway (openai chat)', t, 'overhead_p50_ms'):+.2f}"
                                            for t in targets], "≤ 1")
+        floor = rows["small: floor, bare proxy + 2 Redis trips"]["overhead_p50_ms"]
+        row(f"small chat overhead p50 ms above the floor ({floor:+.2f}: bare proxy + 2 Redis trips)",
+            [f"{get('small: gateway (openai chat)', t, 'overhead_p50_ms') - floor:+.2f}" for t in targets], "")
         row("small chat gateway CPU ms/call", [f"{get('small: gateway (openai chat)', t, 'cpu_ms_per_call'):.2f}"
                                                for t in targets], "")
         row("82 KB Claude Code overhead p50 ms", [f"{get('replay 82KB: gateway (anthropic)', t, 'overhead_p50_ms'):+.2f}"
