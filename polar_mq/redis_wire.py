@@ -122,22 +122,27 @@ class RedisWire:
         with self._lock:
             self._idle.append(conn)
 
-    def _run(self, commands: Sequence[Command], replies: int) -> list[Any]:
-        """Send `commands` in one write and read `replies` replies (a ResponseError reply is
-        returned in place, not raised: the caller decides)."""
+    def send(self, commands: Sequence[Command], replies: int) -> "Sent":
+        """Write `commands` in one send and return without reading their `replies` replies
+        (Sent.replies reads them; until then the connection is this caller's). Redis runs what
+        it received whether or not the replies are ever read."""
         self._slots.acquire()
         try:
             conn = self._take()
             try:
                 send_commands(conn, commands)
-                out = read_replies(conn, replies)
             except BaseException:
                 conn.disconnect()
                 raise
-            self._give_back(conn)
-            return out
-        finally:
+        except BaseException:
             self._slots.release()
+            raise
+        return Sent(self, conn, replies)
+
+    def _run(self, commands: Sequence[Command], replies: int) -> list[Any]:
+        """Send `commands` in one write and read `replies` replies (a ResponseError reply is
+        returned in place, not raised: the caller decides)."""
+        return self.send(commands, replies).replies()
 
     def execute(self, *args: Any) -> Any:
         """One command; a Redis error reply raises ResponseError as redis-py does."""
@@ -157,8 +162,16 @@ class RedisWire:
     def transaction(self, commands: Sequence[Command]) -> list[Any]:
         """MULTI, the commands, EXEC in one round trip; EXEC's replies (an error reply of one
         command comes back in its place, as a redis-py pipeline with raise_on_error=False)."""
+        return self.exec_replies(self.send_transaction(commands).replies())
+
+    def send_transaction(self, commands: Sequence[Command]) -> "Sent":
+        """`transaction` sent, its replies not read yet: `exec_replies(sent.replies())`."""
         wire: list[Command] = [("MULTI",), *commands, ("EXEC",)]
-        replies = self._run(wire, len(wire))
+        return self.send(wire, len(wire))
+
+    @staticmethod
+    def exec_replies(replies: list[Any]) -> list[Any]:
+        """EXEC's replies out of a transaction's replies (`transaction`)."""
         for reply in replies[:-1]:  # +OK / +QUEUED, or an error that aborts the EXEC
             if isinstance(reply, ResponseError):
                 raise reply
@@ -168,3 +181,27 @@ class RedisWire:
         if result is None:
             raise redis.exceptions.WatchError("transaction aborted")
         return list(result)
+
+
+class Sent:
+    """Commands a RedisWire wrote whose replies are not read yet. `replies()` reads them once
+    and gives the connection back (closed when the read failed); it must follow, or the
+    connection and its slot stay taken."""
+
+    def __init__(self, wire: RedisWire, conn: Any, replies: int):
+        self._wire, self._conn, self._n = wire, conn, replies
+
+    def replies(self) -> list[Any]:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("the replies were read or abandoned already")
+        try:
+            try:
+                out = read_replies(conn, self._n)
+            except BaseException:
+                conn.disconnect()
+                raise
+            self._wire._give_back(conn)
+            return out
+        finally:
+            self._wire._slots.release()

@@ -321,6 +321,12 @@ class GatewayStore:
         are not sent again; if the session's chunk hash vanished meanwhile (collected), the write
         is redone in full. `also` adds the writer's own commands to the same MULTI
         (proxy_app/admission.py); it is given a `Commands` list."""
+        return self._send(records, trust_cache, also).finish()
+
+    def _send(self, records: list[CaptureRecord], trust_cache: bool = True,
+              also: Callable[[Any], None] | None = None) -> "RecordWrite":
+        """`_write` up to its MULTI being sent (on the RedisWire; through a redis-py pipeline it
+        is also answered): RecordWrite.finish reads the answer and completes it."""
         writes: list[tuple[str, dict[bytes, bytes], str, bytes]] = []
         relied: list[str] = []
         used: dict[str, set[bytes]] = {}
@@ -341,20 +347,9 @@ class GatewayStore:
             cmds.rpush(calls_key, blob)
         if also is not None:
             also(cmds)
-        results = self._transaction(cmds)
-        if relied and not all(results[:len(relied)]):
-            for sid in used:
-                self._known.pop(sid, None)
-            # The envelopes landed; store every chunk they refer to again (HSETNX keeps the rest).
-            again = Commands()
-            for rec in records:
-                _, chunks, _ = record_codec.encode(rec)
-                for digest, stored in chunks.items():
-                    again.hsetnx(self.keys.call_chunks(rec.session_id), digest, stored)
-            self._transaction(again)
-        for sid, refs in used.items():
-            self._known.add(sid, refs)
-        return len(records)
+        if self.wire is None:
+            return RecordWrite(self, records, relied, used, results=self._transaction(cmds))
+        return RecordWrite(self, records, relied, used, sent=self.wire.send_transaction(cmds))
 
     def _transaction(self, cmds: "Commands") -> list[Any]:
         """One MULTI/EXEC: on the gateway's RedisWire when it has one (redis_wire.py), else a
@@ -365,11 +360,13 @@ class GatewayStore:
             for cmd in cmds:
                 pipe.execute_command(*cmd)
             return list(pipe.execute())
-        results = self.wire.transaction(cmds)
-        for reply in results:
-            if isinstance(reply, redis.ResponseError):
-                raise reply
-        return results
+        return _raise_errors(self.wire.transaction(cmds))
+
+    @_guard
+    def send_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> "RecordWrite":
+        """`append_call` sent, not yet answered: the caller can do other work (answer its client)
+        while Redis runs the MULTI, then must call `finish()` on the result."""
+        return self._send([record], also=also)
 
     @_guard
     def append_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> None:
@@ -462,3 +459,47 @@ class GatewayStore:
     def save_trajectory(self, trajectory: Trajectory) -> None:
         self.r.set(self.keys.trajectory(trajectory.session_id, trajectory.builder),
                    pack(trajectory.to_dict()))
+
+
+def _raise_errors(results: list[Any]) -> list[Any]:
+    for reply in results:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return results
+
+
+class RecordWrite:
+    """Records whose MULTI was sent (GatewayStore.send_call); `finish()` reads its answer,
+    stores the chunks again when the ones it relied on were collected meanwhile, and remembers
+    what this process stored. Redis errors raise StoreUnavailable, as from `append_call`."""
+
+    def __init__(self, store: GatewayStore, records: list[CaptureRecord], relied: list[str],
+                 used: dict[str, set[bytes]], *, results: list[Any] | None = None, sent: Any = None):
+        self.store, self.records, self.relied, self.used = store, records, relied, used
+        self._results, self._sent = results, sent
+
+    @_guard
+    def finish(self) -> int:
+        store, relied = self.store, self.relied
+        results = self._results
+        if results is None:
+            sent, self._sent = self._sent, None
+            results = _raise_errors(RedisWire.exec_replies(sent.replies()))
+        if relied and not all(results[:len(relied)]):
+            for sid in self.used:
+                store._known.pop(sid, None)
+            # The envelopes landed; store every chunk they refer to again (HSETNX keeps the rest).
+            again = Commands()
+            for rec in self.records:
+                _, chunks, _ = record_codec.encode(rec)
+                for digest, stored in chunks.items():
+                    again.hsetnx(store.keys.call_chunks(rec.session_id), digest, stored)
+            store._transaction(again)
+        for sid, refs in self.used.items():
+            store._known.add(sid, refs)
+        return len(self.records)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether Redis's answer is still to be read (a redis-py pipeline has read it)."""
+        return self._sent is not None

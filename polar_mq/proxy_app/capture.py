@@ -103,14 +103,21 @@ class Recorder:
         """`save` without raising: (whether a copy reached Redis, the error for the client).
         `also` queues more commands on the record's own MULTI (the call leaving flight,
         admission.py); they ran exactly when a copy reached Redis."""
+        return self.send(record, also).finish()
+
+    def send(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> "PendingRecord":
+        """`write` up to the record's MULTI being sent to Redis: `finish()` on the result reads
+        Redis's answer (spooling the record if there is none) and gives `write`'s pair. An
+        encoding problem or a Redis that cannot be reached is dealt with here, as by `write`."""
         for observe in self.observers:
             try:
                 observe(record)
             except Exception:  # metrics must never cost a record
                 log.exception("record observer failed")
         try:
-            self.store.append_call(record, also)
-            return True, None
+            return PendingRecord(self, record, self.store.send_call(record, also))
+        except StoreUnavailable as exc:
+            return PendingRecord(self, record, None, self._unavailable(record, exc))
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it
             log.error("call %s of session %s could not be encoded (%s: %s); storing a sanitized copy",
                       record.call_id, record.session_id, type(exc).__name__, exc)
@@ -123,13 +130,14 @@ class Recorder:
             except StoreUnavailable:
                 self._spool(clean)
                 stored = False
-            return stored, GatewayError("invalid_request", f"the call could not be recorded as sent "
-                                        f"({exc}); a sanitized copy was kept")
-        except StoreUnavailable as exc:
-            self._spool(record)
-            return False, GatewayError("store_unavailable",
-                                       f"the gateway could not store the call ({exc}); it was kept in the "
-                                       f"gateway's spool and will be replayed. Retry the request.")
+            return PendingRecord(self, clean, None, (stored, GatewayError(
+                "invalid_request", f"the call could not be recorded as sent ({exc}); a sanitized copy was kept")))
+
+    def _unavailable(self, record: CaptureRecord, exc: Exception) -> tuple[bool, GatewayError]:
+        self._spool(record)
+        return False, GatewayError("store_unavailable",
+                                   f"the gateway could not store the call ({exc}); it was kept in the "
+                                   f"gateway's spool and will be replayed. Retry the request.")
 
     def _spool(self, record: CaptureRecord) -> None:
         self.spool_dir.mkdir(parents=True, exist_ok=True)
@@ -157,3 +165,29 @@ class Recorder:
         if total:
             log.warning("replayed %d spooled calls into redis", total)
         return total
+
+
+class PendingRecord:
+    """A record whose MULTI was sent (Recorder.send), or whose outcome is already known (it was
+    spooled or sanitized on the way). `finish()` gives Recorder.write's (stored, error) pair,
+    once; a record whose answer cannot be read is spooled then (the MULTI may still have run:
+    replaying the spool then stores it twice, as when a synchronous write lost its answer)."""
+
+    def __init__(self, recorder: Recorder, record: CaptureRecord, write: Any,
+                 outcome: tuple[bool, GatewayError | None] | None = None):
+        self.recorder, self.record, self._write, self._outcome = recorder, record, write, outcome
+
+    @property
+    def waiting(self) -> bool:
+        """Whether Redis's answer is still to be read (else `finish()` returns at once)."""
+        return self._outcome is None and self._write is not None and self._write.in_flight
+
+    def finish(self) -> tuple[bool, GatewayError | None]:
+        if self._outcome is None:
+            write, self._write = self._write, None
+            try:
+                write.finish()
+                self._outcome = (True, None)
+            except StoreUnavailable as exc:
+                self._outcome = self.recorder._unavailable(self.record, exc)
+        return self._outcome

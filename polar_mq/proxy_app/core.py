@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..model import CaptureRecord
 from ..pause_state import PauseState
@@ -31,7 +31,7 @@ from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, Gatew
 from .adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
 from .admission import CANCELLED, UNKNOWN_KEY, Admission, Ticket
 from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, read_stream
-from .capture import Recorder, fill_error, fill_partial, fill_result, new_record
+from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
@@ -59,6 +59,7 @@ def provider_for_path(path: str) -> str:
 class Outcome:
     result: ChatResult | None
     error: GatewayError | None
+    after: Callable[[], None] | None = None  # completes the record's storing (Gateway.call, defer)
 
 
 @dataclass
@@ -68,6 +69,9 @@ class CallContext:
     retry_count: int = 0  # the SDK's x-stainless-retry-count
     client_socket: socket.socket | None = None  # watched for a client that went away
     cached_key: str | None = None  # a session key resolved from the cache: re-checked at admission
+    # The web layer writes a plain reply before Redis's answer to the record's MULTI is read,
+    # and then runs JsonReply.after (fastpath.py). Off: the reply waits for it.
+    defer_store: bool = False
 
 
 @dataclass
@@ -77,6 +81,8 @@ class JsonReply:
     status: int
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
+    # Set with CallContext.defer_store: must run once the reply is written (or could not be).
+    after: Callable[[], None] | None = None
 
 
 @dataclass
@@ -96,6 +102,40 @@ def error_reply(mod: Adapter, err: GatewayError) -> JsonReply:
     if status in (429, 503, 529):
         headers["retry-after"] = "1"
     return JsonReply(status, body, headers)
+
+
+class Storing:
+    """A record whose MULTI was sent (Gateway.store_record). `wait()` reads Redis's answer and
+    lets the call out of flight (the pause count, the in-flight registry), returning the error
+    the client would get; `after()` is `wait()` once the client already has its answer: such
+    an error (the record was spooled instead) is only logged."""
+
+    def __init__(self, gw: "Gateway", pending: PendingRecord, inflight: Inflight, counted: bool):
+        self.gw, self.pending, self.inflight, self.counted = gw, pending, inflight, counted
+
+    def wait(self) -> GatewayError | None:
+        gw, counted = self.gw, self.counted
+        try:
+            stored, error = self.pending.finish()
+        except BaseException:
+            gw.pause.release(counted)
+            gw.registry.finish(self.inflight)
+            raise
+        if stored:
+            gw.pause.released(counted)
+        else:  # Redis down: each is tried on its own (and warns) as before
+            gw.pause.release(counted)
+        gw.registry.finish(self.inflight, stored=stored)
+        return error
+
+    def after(self) -> None:
+        try:
+            error = self.wait()
+        except Exception:
+            log.exception("storing call %s failed after its reply", self.pending.record.call_id)
+            return
+        if error is not None:
+            log.error("call %s: %s (its client already had its answer)", self.pending.record.call_id, error.message)
 
 
 class Gateway:
@@ -180,19 +220,18 @@ class Gateway:
 
     def finish(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> GatewayError | None:
         """Store the record and let the call out of flight, in one MULTI (admission.leave)."""
+        return self.store_record(record, inflight, counted).wait()
+
+    def store_record(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> "Storing":
+        """`finish` up to the MULTI being sent: `wait()` on the result completes it."""
         sid, cid = record.session_id, record.call_id
         try:
-            stored, error = self.recorder.write(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted))
+            pending = self.recorder.send(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted))
         except BaseException:
             self.pause.release(counted)
             self.registry.finish(inflight)
             raise
-        if stored:
-            self.pause.released(counted)
-        else:  # Redis down: each is tried on its own (and warns) as before
-            self.pause.release(counted)
-        self.registry.finish(inflight, stored=stored)
-        return error
+        return Storing(self, pending, inflight, counted)
 
     def base_urls(self, key: str) -> dict[str, str]:
         root = f"{self.settings.base_url}/s/{key}"
@@ -209,10 +248,13 @@ class Gateway:
         return body
 
     def call(self, record: CaptureRecord, body: dict[str, Any], inflight: Inflight,
-             upstream: Any = None, ticket: Ticket | None = None) -> Outcome:
+             upstream: Any = None, ticket: Ticket | None = None, defer: bool = False) -> Outcome:
         """One upstream call, recorded whatever happens; aborted when its session is cancelled or
         its client leaves (calls.py). `upstream` is the pool (messages path) or a token-in route
-        (tito); both offer the same chat/open_stream interface."""
+        (tito); both offer the same chat/open_stream interface. `defer`: return once the
+        record's MULTI is sent, with `after` to complete it (Storing.after): the client's answer
+        need not wait for Redis's. An error known before that (Redis unreachable, a record that
+        had to be sanitized) is returned as without `defer`."""
         upstream = upstream or self.pool
         result = error = None
         counted = False
@@ -238,7 +280,10 @@ class Gateway:
             error = GatewayError("internal", f"gateway error: {exc}")
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        stored_error = self.finish(record, inflight, counted)
+        storing = self.store_record(record, inflight, counted)
+        if defer and storing.pending.waiting:
+            return Outcome(result, error, storing.after)
+        stored_error = storing.wait()
         if stored_error is not None:
             return Outcome(None, stored_error)
         return Outcome(result, error)
@@ -274,11 +319,19 @@ class Gateway:
             self.abandon(record, inflight, ticket)
             raise
         if not req.stream:
-            outcome = self.call(record, upstream, inflight, route, ticket)
-            if outcome.error:
-                return error_reply(mod, outcome.error)
-            assert outcome.result is not None  # an Outcome holds a result or an error
-            return JsonReply(200, mod.from_chat(outcome.result, req))
+            outcome = self.call(record, upstream, inflight, route, ticket, defer=context.defer_store)
+            try:
+                if outcome.error:
+                    reply = error_reply(mod, outcome.error)
+                else:
+                    assert outcome.result is not None  # an Outcome holds a result or an error
+                    reply = JsonReply(200, mod.from_chat(outcome.result, req))
+            except BaseException:
+                if outcome.after is not None:
+                    outcome.after()
+                raise
+            reply.after = outcome.after
+            return reply
         channel: queue.Queue = queue.Queue()
         # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
         # the open streams of a process at its size.
