@@ -25,7 +25,14 @@ from urllib.parse import urlparse  # noqa: E402
 from gevent.server import StreamServer  # noqa: E402
 
 LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.I)
-ADMIT = b"*3\r\n$4\r\nEVAL\r\n$40\r\nreturn redis.call('INCR', 'bare-proxy:n')\r\n$1\r\n0\r\n"
+
+
+def resp(*args: bytes) -> bytes:
+    """One Redis command in RESP."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+ADMIT = resp(b"EVAL", b"return redis.call('INCR', 'bare-proxy:n')", b"0")
 
 
 def read_message(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
@@ -86,7 +93,7 @@ def main() -> None:
                 reply, ubuf = answer
                 if store is not None:
                     body = reply[reply.index(b"\r\n\r\n") + 4:]
-                    store.sendall(b"*3\r\n$5\r\nRPUSH\r\n$13\r\nbare-proxy:rs\r\n$%d\r\n%s\r\n" % (len(body), body))
+                    store.sendall(resp(b"RPUSH", b"bare-proxy:answers", body))
                     redis_reply(store)
                 client.sendall(reply)
         finally:
