@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import msgpack
 
+from .locks import short_lock
 from .model import CaptureRecord
 from .token_ids import TokenIds, parse_ids
-from .locks import short_lock
 
 ID_BLOCK = 256  # prompt ids per shared block
 TEXT_BLOCK = 1536  # bytes of id text per shared block of a TokenIds (~256 ids of 5 digits)

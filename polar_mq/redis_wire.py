@@ -33,7 +33,6 @@ from .fast_send import send_all
 from .idle_socket import idle_and_open
 from .locks import bounded_semaphore, short_lock
 
-
 Command = tuple[Any, ...]
 
 
@@ -194,13 +193,9 @@ class Sent:
     def replies(self) -> list[Any]:
         conn, self._conn = self._conn, None
         if conn is None:
-            raise RuntimeError("the replies were read or abandoned already")
+            raise RuntimeError("the replies were read already")
         try:
-            try:
-                out = read_replies(conn, self._n)
-            except BaseException:
-                conn.disconnect()
-                raise
+            out = read_replies(conn, self._n)  # a failed read closes the connection
             self._wire._give_back(conn)
             return out
         finally:

@@ -15,9 +15,9 @@ import msgpack
 import redis
 
 from . import record_codec, replies
+from .locks import short_lock
 from .model import CaptureRecord, GatewaySession, Trajectory
 from .redis_wire import RedisWire
-from .locks import short_lock
 
 
 class Keys:

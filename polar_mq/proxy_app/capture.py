@@ -180,7 +180,7 @@ class PendingRecord:
     @property
     def waiting(self) -> bool:
         """Whether Redis's answer is still to be read (else `finish()` returns at once)."""
-        return self._outcome is None and self._write is not None and self._write.in_flight
+        return self._outcome is None and self._write.in_flight
 
     def finish(self) -> tuple[bool, GatewayError | None]:
         if self._outcome is None:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from ..locks import short_lock
 from ..model import CaptureRecord
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
@@ -35,7 +36,6 @@ from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_res
 from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
-from ..locks import short_lock
 
 log = logging.getLogger("polar_mq.gateway")
 

@@ -25,9 +25,9 @@ from typing import Any
 import orjson
 
 from .. import jsonsafe
+from ..locks import short_lock
 from .adapters.base import GatewayError
 from .shared_values import SHARED
-from ..locks import short_lock
 
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 

@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 from ..fast_send import send_all
 from ..idle_socket import idle_and_open
-from . import fastjson
 from ..locks import short_lock
+from . import fastjson
 
 MAX_HEAD = 65536  # bytes of status line + headers accepted
 RECV = 65536

@@ -22,6 +22,7 @@ reused by another while the entry lives.
 from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
+
 from ..locks import short_lock
 
 T = TypeVar("T")
