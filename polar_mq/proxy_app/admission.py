@@ -11,6 +11,11 @@ small-chat path, bench/bench_gateway.py). Now:
   and (d) does the pause admission of pause_state.py in the same atomic step: not paused → counted
   in flight for this gateway and stamped with the policy version. A paused call is registered but
   not counted; the pause gate then holds it as before (pause.py).
+- `send_enter` sends that script as soon as the request's head names the session, before the body
+  is read and converted (fastpath.py), and `Entry.ticket` reads its answer where the call needs
+  it: the Redis round trip runs while the gateway parses and converts the body, instead of after.
+  A call that fails before it starts (a malformed body, a refused conversion) withdraws its entry
+  (`Entry.withdraw`: out of the session's in-flight hash and the drain count again).
 - `leave` adds to the record's own MULTI (store.append_call) the in-flight HDEL and, when the call
   was counted, the pause uncount: the record is stored, the call leaves the session's in-flight
   set and the drain count in one atomic step.
@@ -18,10 +23,13 @@ small-chat path, bench/bench_gateway.py). Now:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..redis_wire import RedisWire
+from redis.exceptions import NoScriptError, ResponseError
+
+from ..redis_wire import RedisWire, Sent
 from ..store import Keys
 
 # KEYS: key mapping, cancelled flag, session in-flight hash, paused flag, in-flight by gateway,
@@ -45,6 +53,8 @@ return n
 
 UNKNOWN_KEY, CANCELLED, REGISTERED = -1, 0, 1
 
+log = logging.getLogger("polar_mq.gateway")
+
 
 @dataclass
 class Ticket:
@@ -64,21 +74,95 @@ class Admission:
         self._enter = client.register_script(_ENTER)
         self.wire: RedisWire | None = None  # set by the gateway (redis_wire.py)
 
-    def enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> Ticket:
-        """One round trip; `key`: a session key resolved from the cache, checked again here.
-        Redis errors propagate (the caller falls back to the uncounted path)."""
+    def _command(self, session_id: str, call_id: str, now: float, key: str | None) -> tuple[list[str], list[str]]:
         k = self.keys
         keys = [k.gateway_key(key or ""), k.session_cancelled(session_id), k.session_inflight(session_id),
                 k.gateway_paused(), k.gateway_inflight_by_gateway(), k.policy_version()]
-        args = [session_id, call_id, repr(now), self.gateway_id, "1" if key else "0"]
+        return keys, [session_id, call_id, repr(now), self.gateway_id, "1" if key else "0"]
+
+    def enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> Ticket:
+        """One round trip; `key`: a session key resolved from the cache, checked again here.
+        Redis errors propagate (the caller falls back to the uncounted path)."""
+        return self.send_enter(session_id, call_id, now, key).ticket()
+
+    def send_enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> "Entry":
+        """`enter` sent now, its answer read by `Entry.ticket()` (or undone by `Entry.withdraw()`:
+        one of the two must follow, or the connection stays taken). A Redis error sending it is
+        raised by `ticket()`, where `enter` would have raised it."""
+        keys, args = self._command(session_id, call_id, now, key)
+        entry = Entry(self, session_id, call_id, key, keys, args)
         if self.wire is not None:
-            state, admitted, version = self.wire.evalsha(self._enter.sha, _ENTER, keys, args)
-        else:
-            state, admitted, version = self._enter(keys=keys, args=args)
-        return Ticket(int(state), bool(admitted), None if version in (None, False) else int(version))
+            try:
+                entry._sent = self.wire.send([("EVALSHA", self._enter.sha, len(keys), *keys, *args)], 1)
+            except Exception as exc:
+                entry._error = exc
+        return entry
 
     def leave(self, pipe: Any, session_id: str, call_id: str, counted: bool) -> None:
         """Queue the call's exit on the record's MULTI pipeline."""
         pipe.hdel(self.keys.session_inflight(session_id), call_id)
         if counted:
             pipe.eval(_LEAVE, 1, self.keys.gateway_inflight_by_gateway(), self.gateway_id)
+
+
+class Entry:
+    """A call's admission script, sent (`Admission.send_enter`) and not yet read."""
+
+    __slots__ = ("_admission", "session_id", "call_id", "key", "_keys", "_args", "_sent", "_error", "_ticket")
+
+    def __init__(self, admission: Admission, session_id: str, call_id: str, key: str | None,
+                 keys: list[str], args: list[str]):
+        self._admission = admission
+        self.session_id, self.call_id, self.key = session_id, call_id, key
+        self._keys, self._args = keys, args
+        self._sent: Sent | None = None
+        self._error: Exception | None = None
+        self._ticket: Ticket | None = None
+
+    def ticket(self) -> Ticket:
+        """The script's answer (read once; later calls return it again). Redis errors raise."""
+        if self._ticket is not None:
+            return self._ticket
+        if self._error is not None:
+            raise self._error
+        adm, keys, args = self._admission, self._keys, self._args
+        try:
+            if self._sent is not None:
+                sent, self._sent = self._sent, None
+                reply = sent.replies()[0]
+                if isinstance(reply, NoScriptError):  # this Redis has not loaded it yet
+                    assert adm.wire is not None
+                    reply = adm.wire.execute("EVAL", _ENTER, len(keys), *keys, *args)
+                elif isinstance(reply, ResponseError):
+                    raise reply
+            elif adm.wire is not None:
+                reply = adm.wire.evalsha(adm._enter.sha, _ENTER, keys, args)
+            else:
+                reply = adm._enter(keys=keys, args=args)
+        except Exception as exc:
+            self._error = exc
+            raise
+        state, admitted, version = reply
+        self._ticket = Ticket(int(state), bool(admitted), None if version in (None, False) else int(version))
+        return self._ticket
+
+    def withdraw(self) -> Ticket | None:
+        """The call ends before it started (a malformed body, a refused conversion): read the
+        answer and take a registered call out of the session's in-flight hash, and out of the
+        drain count when it was counted. Never raises a Redis error (logged); returns the
+        ticket, or None when Redis did not answer."""
+        try:
+            ticket = self.ticket()
+        except Exception as exc:  # the call's own error is the one to report
+            log.warning("admission of call %s unread: %s", self.call_id, exc)
+            return None
+        if ticket.state != REGISTERED:
+            return ticket
+        adm = self._admission
+        try:
+            with adm.r.pipeline(transaction=True) as pipe:
+                adm.leave(pipe, self.session_id, self.call_id, ticket.admitted)
+                pipe.execute()
+        except Exception as exc:
+            log.warning("could not take call %s out of flight: %s", self.call_id, exc)
+        return ticket

@@ -25,14 +25,16 @@ log = logging.getLogger("polar_mq.capture")
 
 def new_record(session_id: str, provider: str, req: ChatRequest, body: dict[str, Any],
                served_model: str | None, retry_count: int = 0,
-               requested_params: dict[str, Any] | None = None) -> CaptureRecord:
+               requested_params: dict[str, Any] | None = None, call_id: str | None = None) -> CaptureRecord:
     """`req.params` are the parameters sent upstream; `requested_params` what the harness asked
-    for when a sampling policy replaced some of them (default: the same)."""
+    for when a sampling policy replaced some of them (default: the same). `call_id`: one chosen
+    before the record (an admission sent early: core.Gateway.admit_early); default a new one."""
+    named = {} if call_id is None else {"call_id": call_id}
     return CaptureRecord(
         session_id=session_id, provider=provider, stream=req.stream, model_requested=req.model,
         model_served=served_model, request=body, messages=req.messages, tools=req.tools,
         params=dict(req.params), notes=list(req.notes), retry_count=retry_count,
-        requested_params=dict(req.params if requested_params is None else requested_params),
+        requested_params=dict(req.params if requested_params is None else requested_params), **named,
     )
 
 

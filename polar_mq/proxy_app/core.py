@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..locks import short_lock
-from ..model import CaptureRecord
+from ..model import CaptureRecord, new_id
 from ..pause_state import PauseState
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable
 from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
-from .admission import CANCELLED, UNKNOWN_KEY, Admission, Ticket
+from .admission import CANCELLED, UNKNOWN_KEY, Admission, Entry, Ticket
 from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, read_stream
 from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate, _redis_error
@@ -72,6 +72,9 @@ class CallContext:
     # The web layer writes a plain reply before Redis's answer to the record's MULTI is read,
     # and then runs JsonReply.after (fastpath.py). Off: the reply waits for it.
     defer_store: bool = False
+    # The call's admission script, sent by the web layer before it read the body (Gateway.admit
+    # _early): `generate` reads its answer, or withdraws it when the call fails before it starts.
+    entry: Entry | None = None
 
 
 @dataclass
@@ -203,12 +206,27 @@ class Gateway:
         with self._keys_lock:
             self._keys.pop(key, None)
 
-    def enter(self, record: CaptureRecord, key: str | None) -> Ticket | None:
+    def admit_early(self, session_id: str, key: str | None) -> Entry:
+        """Send a call's admission script now, before its body is read and converted: `generate`
+        reads the answer (`enter`), so the round trip overlaps that work. `key`: a cached key to
+        check again. The caller must hand the entry to `generate` or `withdraw` it."""
+        return self.admission.send_enter(session_id, new_id("call"), time.time(), key)
+
+    def withdraw(self, entry: Entry) -> None:
+        """A call admitted early ends before it started: out of flight again, nothing recorded."""
+        ticket = entry.withdraw()
+        if ticket is not None and ticket.state == UNKNOWN_KEY and entry.key:
+            self.forget_key(entry.key)
+
+    def enter(self, record: CaptureRecord, key: str | None, entry: Entry | None = None) -> Ticket | None:
         """The call's admission round trip (admission.py); None when Redis is unavailable (the
-        call then goes on uncounted, as pause.py and calls.py handle it). `key`: a cached key
-        to check again."""
+        call then goes on uncounted, as pause.py and calls.py handle it). `key`: a cached key to
+        check again. `entry`: the script already sent (admit_early): its answer is read."""
         try:
-            ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key)
+            if entry is not None:
+                ticket = entry.ticket()
+            else:
+                ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key)
         except Exception as exc:
             if not _redis_error(exc):
                 raise
@@ -294,20 +312,26 @@ class Gateway:
                  context: CallContext | None = None) -> JsonReply | StreamReply:
         """One generation: the provider body in, the answer out (JSON or a frame iterator)."""
         context = context or CallContext()
+        entry = context.entry
         mod = adapter(provider)
-        req: ChatRequest = mod.to_chat(body)
-        if model:
-            req.model = model
-        if stream is not None:
-            req.stream = stream
-        req.extra.update(extra or {})
-        requested = enforce(req, self.policies.get(session_id))
-        record = new_record(session_id, provider, req, body, self._served_model,
-                            retry_count=context.retry_count,
-                            requested_params=requested)
-        upstream = self.upstream_body(req)
+        try:
+            req: ChatRequest = mod.to_chat(body)
+            if model:
+                req.model = model
+            if stream is not None:
+                req.stream = stream
+            req.extra.update(extra or {})
+            requested = enforce(req, self.policies.get(session_id))
+            record = new_record(session_id, provider, req, body, self._served_model,
+                                retry_count=context.retry_count, requested_params=requested,
+                                call_id=None if entry is None else entry.call_id)
+            upstream = self.upstream_body(req)
+        except BaseException:
+            if entry is not None:  # admitted early: out of flight again
+                self.withdraw(entry)
+            raise
         record.model_served = upstream["model"]
-        ticket = self.enter(record, context.cached_key)
+        ticket = self.enter(record, context.cached_key, entry)
         # The watcher checks the client's connection of plain AND streamed calls: a stream's
         # writer notices a gone client only when a write fails, and under load it may not run
         # for seconds while the upstream keeps generating (vLLM then finishes before the abort).

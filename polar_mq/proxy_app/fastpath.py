@@ -164,12 +164,19 @@ class FastPath:
         gw = self.gw
         session_key = url_key or self.header_key(environ)
         sid, cached = gw.resolve(session_key)
-        body = self.read_json(environ)
         if count:
-            return gw.count_tokens(provider, sid, body)
-        context = CallContext(retry_count=_int(environ.get("HTTP_X_STAINLESS_RETRY_COUNT")),
-                              client_socket=client_socket(environ),
-                              cached_key=session_key if cached else None, defer_store=True)
+            return gw.count_tokens(provider, sid, self.read_json(environ))
+        # The admission script goes out now; its answer is read after the body is parsed and
+        # converted (core.Gateway.enter), so Redis works while this process does.
+        entry = gw.admit_early(sid, session_key if cached else None)
+        try:
+            body = self.read_json(environ)
+            context = CallContext(retry_count=_int(environ.get("HTTP_X_STAINLESS_RETRY_COUNT")),
+                                  client_socket=client_socket(environ),
+                                  cached_key=session_key if cached else None, defer_store=True, entry=entry)
+        except BaseException:
+            gw.withdraw(entry)
+            raise
         return gw.generate(provider, sid, body, context=context)
 
     @staticmethod
