@@ -61,6 +61,7 @@ class PauseState:
         self.keys = keys or Keys()
         self._begin = self.r.register_script(_BEGIN)
         self._end = self.r.register_script(_END)
+        self.wire: Any = None  # the gateway's RedisWire, when it has one (set by the gateway)
 
     # --- gateway side ---------------------------------------------------------------------------
     def begin(self, gateway_id: str) -> tuple[bool, int | None]:
@@ -74,6 +75,12 @@ class PauseState:
         self._end(keys=[self.keys.gateway_inflight_by_gateway()], args=[gateway_id])
 
     def heartbeat(self, gateway_id: str, info: dict[str, Any]) -> None:
+        if self.wire is not None:  # every second, on the gateway's own connections (redis_wire.py)
+            for reply in self.wire.run([("ZADD", self.keys.gateway_heartbeats(), repr(time.time()), gateway_id),
+                                        ("HSET", self.keys.gateway_info(), gateway_id, json.dumps(info))]):
+                if isinstance(reply, redis.ResponseError):
+                    raise reply
+            return
         with self.r.pipeline(transaction=False) as pipe:
             pipe.zadd(self.keys.gateway_heartbeats(), {gateway_id: time.time()})
             pipe.hset(self.keys.gateway_info(), gateway_id, json.dumps(info))

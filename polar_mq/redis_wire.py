@@ -138,14 +138,16 @@ class RedisWire:
             raise
         return Sent(self, conn, replies)
 
-    def _run(self, commands: Sequence[Command], replies: int) -> list[Any]:
-        """Send `commands` in one write and read `replies` replies (a ResponseError reply is
-        returned in place, not raised: the caller decides)."""
+    def run(self, commands: Sequence[Command], replies: int | None = None) -> list[Any]:
+        """Send `commands` in one write and read `replies` replies (default: one per command; a
+        ResponseError reply is returned in place, not raised: the caller decides)."""
+        if replies is None:
+            replies = len(commands)
         return self.send(commands, replies).replies()
 
     def execute(self, *args: Any) -> Any:
         """One command; a Redis error reply raises ResponseError as redis-py does."""
-        reply = self._run([args], 1)[0]
+        reply = self.run([args], 1)[0]
         if isinstance(reply, ResponseError):
             raise reply
         return reply

@@ -127,3 +127,23 @@ def test_commands_are_packed_as_redis_py_packs_them(client):
             pack_commands(conn, [("SET", "k", object())])
     finally:
         client.connection_pool.release(conn)
+
+
+def test_the_watchers_and_heartbeats_commands_answer_as_through_the_client(client):
+    """The call watcher's cancellation check (4 times a second) and the pause heartbeat go
+    through the wire when the store has one: same answers, same keys written."""
+    from polar_mq.pause_state import PauseState
+
+    piped, wired = GatewayStore(client), GatewayStore(client, wire=RedisWire(client))
+    wired.cancel_session("s2")
+    sessions = ["s1", "s2", "s3"]
+    assert piped.cancelled_sessions(sessions) == wired.cancelled_sessions(sessions) == {"s2"}
+    state = PauseState(client, wired.keys)
+    state.wire = wired.wire
+    state.heartbeat("gw-a", {"url": "http://a"})
+    plain = PauseState(client, piped.keys)
+    plain.heartbeat("gw-b", {"url": "http://b"})
+    beats = dict(client.zrange(wired.keys.gateway_heartbeats(), 0, -1, withscores=True))
+    assert set(beats) == {b"gw-a", b"gw-b"} and abs(beats[b"gw-a"] - beats[b"gw-b"]) < 5
+    assert client.hgetall(wired.keys.gateway_info()) == {b"gw-a": b'{"url": "http://a"}',
+                                                       b"gw-b": b'{"url": "http://b"}'}

@@ -160,6 +160,7 @@ class Gateway:
         self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
         self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
         self.admission.wire = store.wire
+        self.pause.state.wire = store.wire
         self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
         self._keys_lock = short_lock()
         self.tito = Tito(settings.tito, settings.tokenizer, pool, store)
