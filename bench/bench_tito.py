@@ -8,8 +8,8 @@ that tokenizer, and `--tito off`. Then, side by side in one run:
 1. latency of a continued call (the call that answers a tool result) on the real CLI captures in
    tests/replays (pi / opencode / qwen-code / claude-code / codex / gemini-cli requests, 2-20 KB
    system prompts and tool lists): each fixture replayed into fresh sessions, the last call timed,
-   p50 / p90 per gateway, and the ratio; plus the same at call 20 of a growing session (matching
-   reads the session's records);
+   p50 / p90 per gateway, and the ratio; plus the same at call `--turns` of a growing session
+   (matching reads what was recorded since its last look: tito/index.py);
 2. breaks per 100 calls per harness on the same replays, before (tito off) and after (tito on), from
    prefix_merging's `stats.breaks`.
 

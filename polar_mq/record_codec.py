@@ -291,6 +291,35 @@ class ChunkReader:
         return _unpack(packed)
 
 
+def envelope(blob: bytes) -> dict[str, Any] | None:
+    """A stored record's envelope as packed (digests where chunks go); None for a whole-record
+    blob written before this layout."""
+    if not blob.startswith(ENVELOPE_MAGIC):
+        return None
+    return _unpack(zlib.decompress(blob[len(ENVELOPE_MAGIC):]))
+
+
+def chunk_value(stored: bytes) -> Any:
+    """One stored chunk's value."""
+    return _unpack(decompress(stored))
+
+
+def references(env: dict[str, Any]) -> set[bytes]:
+    """Every chunk digest an envelope refers to (what `decode` will look up)."""
+    out = {v for v in env.get("messages") or [] if isinstance(v, bytes)}
+    for name in ("tools", "response_message"):
+        if isinstance(env.get(name), bytes):
+            out.add(env[name])
+    req = env.get("request")
+    if isinstance(req, dict):
+        for v in req.values():
+            out.update(e for e in (v if isinstance(v, list) else [v]) if isinstance(e, bytes))
+    elif isinstance(req, bytes):
+        out.add(req)
+    out.update(p for p in env.get("prompt_token_ids") or [] if isinstance(p, bytes))
+    return out
+
+
 def decode(blob: bytes, chunks: ChunkReader | dict[bytes, bytes]) -> CaptureRecord:
     """A record from its blob and its session's chunks. Whole-record blobs written before this
     layout decode too."""

@@ -224,12 +224,16 @@ class KnownChunks:
         self._lock = short_lock()
 
     def get(self, session_id: str, default: set[bytes]) -> set[bytes]:
+        """The session's set itself, for reading only (record_codec.Encoder only asks `in`): a
+        copy per call cost time in proportion to the session's length (0.02 ms at 3,000 digests,
+        0.7 ms at 30,000). Digests only join it once Redis confirmed them stored, so one that
+        joins while an encoder reads is as good to rely on as the others."""
         with self._lock:
             known = self._by_session.get(session_id)
             if known is None:
                 return default
             self._by_session.move_to_end(session_id)
-            return set(known)
+            return known
 
     def add(self, session_id: str, digests: set[bytes]) -> None:
         with self._lock:
@@ -380,6 +384,37 @@ class GatewayStore:
         pipe.hgetall(self.keys.call_chunks(session_id))
         blobs, chunks = pipe.execute()
         return self._decode_calls(blobs, chunks)
+
+    @_guard
+    def call_blobs_since(self, session_id: str, start: int) -> tuple[int, list[bytes]]:
+        """(how many records the session has, the stored blobs of those from position `start`
+        on), read at one moment: token-in matching (tito/index.py) reads only the new ones."""
+        key = self.keys.calls(session_id)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.llen(key)
+        pipe.lrange(key, start, -1)
+        length, blobs = pipe.execute()
+        return int(length), list(blobs)
+
+    @_guard
+    def chunks(self, session_id: str, digests: Iterable[bytes]) -> dict[bytes, bytes]:
+        """Stored chunks of a session by digest (the ones Redis has)."""
+        wanted = list(digests)
+        if not wanted:
+            return {}
+        found = self.r.hmget(self.keys.call_chunks(session_id), wanted)
+        return {d: v for d, v in zip(wanted, found) if v is not None}
+
+    @_guard
+    def call_at(self, session_id: str, index: int) -> CaptureRecord | None:
+        """The record at position `index` of the session's list, whole (two round trips: its
+        blob, then the chunks it refers to); None when there is none."""
+        blob = self.r.lindex(self.keys.calls(session_id), index)
+        if blob is None:
+            return None
+        env = record_codec.envelope(blob)
+        chunks = self.chunks(session_id, record_codec.references(env)) if env is not None else {}
+        return record_codec.decode(blob, chunks)
 
     @_guard
     def inflight_and_calls(self, session_id: str) -> tuple[int, list[CaptureRecord]]:

@@ -24,7 +24,7 @@ from ...model import CaptureRecord
 from ...store import GatewayStore, StoreUnavailable
 from ..adapters.base import ChatRequest
 from ..upstream import UpstreamPool
-from .matching import find_parent
+from .index import SessionIndex
 from .prompt import TailError, continued_prompt
 from .route import TitoRoute
 from .tokenizer import LocalTokenizer, TokenizerError, load
@@ -41,6 +41,7 @@ class Tito:
         self.mode = mode
         self.pool = pool
         self.store = store
+        self.index = SessionIndex(store)  # what matching needs of each session's records (index.py)
         self.tokenizer_path = tokenizer_path
         self.tok: LocalTokenizer | None = None
         self.problem: str | None = None
@@ -84,16 +85,15 @@ class Tito:
             record.tito_reason = "off"
             return None
         try:
-            records = self.store.calls(record.session_id)
+            match = self.index.find_parent(record.session_id, req.messages, req.tools)
         except StoreUnavailable:
             record.tito_reason = "store_unavailable"
             return None
-        match = find_parent(req.messages, req.tools, records)
         record.tito_reason = match.reason
         if match.retry_of:
             record.notes.append(f"tito: same request as call {match.retry_of} (a retry)")
         if match.lineage is not None:
-            record.parent_call_id = match.lineage.call_id
+            record.parent_call_id = match.lineage
         if match.parent is None:
             return None
         params = req.params

@@ -84,11 +84,18 @@ def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     return key
 
 
-def same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
-    """Is `echoed` (the client's copy in its history) the recorded assistant `reply`?"""
+def reply_signature(reply: dict[str, Any]) -> tuple[Any, ...]:
+    """What `same_reply` compares of a recorded reply (its tool calls, text and reasoning): kept
+    instead of the reply by the session index (index.py)."""
+    return (_calls(reply), _text(reply.get("content")), (reply.get("reasoning") or "").strip())
+
+
+def matches_reply(echoed: dict[str, Any], signature: tuple[Any, ...]) -> bool:
+    """Is `echoed` (the client's copy in its history) the reply of this `reply_signature`?"""
     if echoed.get("role") != "assistant":
         return False
-    mine, theirs = _calls(reply), _calls(echoed)
+    mine, text, reasoning = signature
+    theirs = _calls(echoed)
     if len(mine) != len(theirs):
         return False
     for (id_a, name_a, args_a), (id_b, name_b, args_b) in zip(mine, theirs):
@@ -96,10 +103,15 @@ def same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
             continue  # our own id, echoed: the same call even if the arguments were re-serialised
         if (name_a, args_a) != (name_b, args_b):
             return False
-    if _text(echoed.get("content")) != _text(reply.get("content")):
+    if _text(echoed.get("content")) != text:
         return False
     echoed_reasoning = (echoed.get("reasoning") or echoed.get("reasoning_content") or "").strip()
-    return not echoed_reasoning or echoed_reasoning == (reply.get("reasoning") or "").strip()
+    return not echoed_reasoning or echoed_reasoning == reasoning
+
+
+def same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
+    """Is `echoed` (the client's copy in its history) the recorded assistant `reply`?"""
+    return matches_reply(echoed, reply_signature(reply))
 
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
@@ -111,13 +123,19 @@ class Match:
     parent: CaptureRecord | None
     reason: str  # "continued" or why not
     retry_of: str | None = None  # an earlier call with the very same request (a harness retry)
-    lineage: CaptureRecord | None = None  # the call the conversation extends, continued or not
+    lineage: str | None = None  # the call id the conversation extends, continued or not
 
 
 def _usable(rec: CaptureRecord) -> str | None:
-    if rec.status != "ok" or rec.response_message is None:
+    return unusable(rec.status, rec.response_message is not None, bool(rec.prompt_token_ids),
+                    bool(rec.completion_token_ids))
+
+
+def unusable(status: str, has_reply: bool, has_prompt_ids: bool, has_completion_ids: bool) -> str | None:
+    """Why a recorded call cannot be continued by token ids (None: it can)."""
+    if status != "ok" or not has_reply:
         return "parent_failed"
-    if not rec.prompt_token_ids or not rec.completion_token_ids:
+    if not has_prompt_ids or not has_completion_ids:
         return "no_token_ids"
     return None
 
@@ -168,9 +186,9 @@ def find_parent(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | No
         if best is None or (n, rec.started_at) >= (len(best.messages), best.started_at):
             best = rec
     if best is not None:
-        return Match(best, "continued", retry_of, best)
+        return Match(best, "continued", retry_of, best.call_id)
     if blocked:
-        return Match(None, blocked, retry_of, blocked_rec)
+        return Match(None, blocked, retry_of, blocked_rec.call_id if blocked_rec else None)
     if not gens:
         return Match(None, "first_call", retry_of)
     return Match(None, "edited_history" if shares_start else "new_conversation", retry_of)
