@@ -37,37 +37,39 @@ from .matching import (SYSTEM_ROLES, Match, find_parent, matches_reply, message_
                        same_reply, tools_key, unusable)
 
 HEAD = 8  # message digests kept from the start of each recorded history
+DIGEST = 16
 MAX_SESSIONS = 1024  # sessions indexed per process (least recently used dropped; rebuilt on use)
 
 
 def message_digest(message: Any) -> bytes:
     return hashlib.sha256(repr(message_key(message) if isinstance(message, dict) else message)
-                          .encode("utf-8", "surrogatepass")).digest()[:16]
+                          .encode("utf-8", "surrogatepass")).digest()[:DIGEST]
 
 
 def chain(digests: list[bytes]) -> list[bytes]:
     """Prefix digests of a history: out[k] names its first k messages (out[0] the empty one)."""
     out = [b""]
     for d in digests:
-        out.append(hashlib.sha256(out[-1] + d).digest()[:16])
+        out.append(hashlib.sha256(out[-1] + d).digest()[:DIGEST])
     return out
 
 
 def tools_digest(tools: Any) -> bytes:
-    return hashlib.sha256(tools_key(tools).encode("utf-8", "surrogatepass")).digest()[:16]
+    return hashlib.sha256(tools_key(tools).encode("utf-8", "surrogatepass")).digest()[:DIGEST]
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
-    """What matching needs of one recorded generation."""
+    """What matching needs of one recorded generation (~0.3 KB plus its reply's text: digests
+    are kept as one bytes object each, not lists of them)."""
 
     index: int  # position in the session's list of records
     call_id: str
     started_at: float
     n: int  # messages in its history
     full: bytes | None  # prefix digest of its whole history (None: a chunk was missing)
-    head: list[bytes]  # digests of its first HEAD messages
-    head_prefix: list[bytes]  # prefix digests of its first 1..HEAD messages
+    head: bytes  # digests of its first HEAD messages, DIGEST bytes each
+    head_prefix: bytes  # prefix digests of its first 1..HEAD messages, DIGEST bytes each
     tools: bytes
     reply: tuple[Any, ...] | None  # matching.reply_signature of its reply
     problem: str | None  # matching.unusable
@@ -196,7 +198,8 @@ class SessionIndex:
         prefix = chain(digests[:HEAD]) if complete else []
         return Candidate(
             index=index, call_id=env.get("call_id", ""), started_at=env.get("started_at", 0.0), n=n,
-            full=(chain(digests)[-1] if complete else None), head=digests[:HEAD], head_prefix=prefix[1:],
+            full=(chain(digests)[-1] if complete else None), head=b"".join(digests[:HEAD]),
+            head_prefix=b"".join(prefix[1:]),
             tools=tools_d, reply=reply_signature(reply) if isinstance(reply, dict) else None,
             problem=unusable(env.get("status", "ok"), reply is not None, bool(env.get("prompt_token_ids")),
                              bool(env.get("completion_token_ids"))))
@@ -213,13 +216,11 @@ class SessionIndex:
         digests = [message_digest(m) for m in messages]
         prefix = chain(digests)
         want_tools = tools_digest(tools)
-        best: Candidate | None = None
-        blocked: str | None = None
-        blocked_id: str | None = None
         shares_start = False
         retry_of = None
         total = len(messages)
-        for c in cands:
+        extended: list[tuple[int, Candidate]] = []  # (position in find_parent's order, candidate)
+        for pos, c in enumerate(cands):
             n = c.n
             if n == 0 or c.full is None:
                 continue
@@ -227,21 +228,26 @@ class SessionIndex:
             if full and n == total and retry_of is None and c.tools == want_tools:
                 retry_of = c.call_id
             if not shares_start and first_dialogue < total and (
-                    (first_dialogue < min(n, total) and prefix[first_dialogue + 1] == c.head_prefix[first_dialogue])
-                    or digests[first_dialogue] in c.head[:first_dialogue + 2]):
+                    (first_dialogue < min(n, total) and prefix[first_dialogue + 1] == _at(c.head_prefix, first_dialogue))
+                    or any(digests[first_dialogue] == _at(c.head, j) for j in range(min(first_dialogue + 2, n)))):
                 shares_start = True
-            if not full or total < n + 2:
+            if full and total >= n + 2:
+                extended.append((pos, c))
+        # find_parent keeps the last of the largest (n, started_at) whose reply the request echoes
+        # and that can be continued: try those from the top (in a linear conversation the first
+        # one tried is it: one reply comparison, not one per recorded call).
+        best: Candidate | None = None
+        blocked: tuple[int, str, str] | None = None  # the first in find_parent's order
+        for pos, c in sorted(extended, key=lambda pc: (pc[1].n, pc[1].started_at, pc[0]), reverse=True):
+            if c.reply is None or not matches_reply(messages[c.n], c.reply):
                 continue
-            if c.reply is None or not matches_reply(messages[n], c.reply):
+            problem = "tools_changed" if c.tools != want_tools else c.problem
+            if problem:
+                if blocked is None or pos < blocked[0]:
+                    blocked = (pos, problem, c.call_id)
                 continue
-            if c.tools != want_tools:
-                blocked, blocked_id = blocked or "tools_changed", blocked_id or c.call_id
-                continue
-            if c.problem:
-                blocked, blocked_id = blocked or c.problem, blocked_id or c.call_id
-                continue
-            if best is None or (n, c.started_at) >= (best.n, best.started_at):
-                best = c
+            best = c
+            break
         if best is not None:
             parent = self.store.call_at(session_id, best.index)
             if parent is None or parent.call_id != best.call_id or not _continues(messages, tools, parent):
@@ -250,8 +256,8 @@ class SessionIndex:
                 self.forget(session_id)
                 return find_parent(messages, tools, self.store.calls(session_id))
             return Match(parent, "continued", retry_of, parent.call_id)
-        if blocked:
-            return Match(None, blocked, retry_of, blocked_id)
+        if blocked is not None:
+            return Match(None, blocked[1], retry_of, blocked[2])
         if not cands:
             return Match(None, "first_call", retry_of)
         return Match(None, "edited_history" if shares_start else "new_conversation", retry_of)
@@ -259,6 +265,10 @@ class SessionIndex:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._sessions.pop(session_id, None)
+
+
+def _at(digests: bytes, i: int) -> bytes:
+    return digests[i * DIGEST:(i + 1) * DIGEST]
 
 
 def _continues(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, parent: CaptureRecord) -> bool:
