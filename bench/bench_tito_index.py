@@ -1,0 +1,95 @@
+"""Token-in matching cost as a session grows: the session index (tito/index.py) vs reading and
+matching the whole session (matching.find_parent over store.calls), side by side in one run.
+
+A linear agent session (system prompt, task, then tool call / tool result turns, each call's
+record stored as the gateway stores it) is grown in an embedded Redis; at each checkpoint the
+next call's lookup is timed both ways (the index warm: it has seen the calls before, as in a
+running gateway; and cold: a fresh process's first lookup in that session). Both must pick the
+same parent.
+
+    python bench/bench_tito_index.py [--calls 50 150 300] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from polar_mq.embedded_redis import start_embedded  # noqa: E402
+from polar_mq.model import CaptureRecord  # noqa: E402
+from polar_mq.proxy_app.tito.index import SessionIndex  # noqa: E402
+from polar_mq.proxy_app.tito.matching import find_parent  # noqa: E402
+from polar_mq.store import GatewayStore  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command. " * 20,
+                                            "parameters": {"type": "object", "properties": {
+                                                "command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def turn(k: int) -> tuple[dict, dict]:
+    reply = {"role": "assistant", "content": None, "tool_calls": [{
+        "id": f"call_{k}", "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "grep -rn pattern src/module_%d.py"}' % k}}]}
+    result = {"role": "tool", "tool_call_id": f"call_{k}",
+              "content": "".join(f"src/module_{k}.py:{i}: a matching line of code\n" for i in range(12))}
+    return reply, result
+
+
+def ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, nargs="+", default=[50, 150, 300])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    console = Console()
+    server = start_embedded()
+    store = GatewayStore(redis.Redis.from_url(server.url))
+    sid = "bench-session"
+    messages = [{"role": "system", "content": "You are a coding agent. Follow the rules. " * 100},
+                {"role": "user", "content": "Find where the pattern is used and fix the bug."}]
+    warm = SessionIndex(store)
+    table = Table(title="token-in lookup of the next call, ms (median), same run", min_width=90)
+    for col in ("recorded calls", "messages", "whole session (before)", "index, warm", "index, cold",
+                "before / warm"):
+        table.add_column(col, justify="right")
+    k = 0
+    for target in sorted(args.calls):
+        with console.status(f"growing the session to {target} calls…"):
+            while k < target:
+                reply, result = turn(k)
+                store.append_call(CaptureRecord(
+                    session_id=sid, provider="openai_chat", messages=list(messages), tools=TOOLS,
+                    response_message=reply, prompt_token_ids=list(range(1000, 1000 + 40 * len(messages))),
+                    completion_token_ids=[5, 6, 7]))
+                messages = messages + [reply, result]
+                k += 1
+                warm.find_parent(sid, messages, TOOLS)  # a running gateway saw every call
+        want = find_parent(messages, TOOLS, store.calls(sid))
+        assert warm.find_parent(sid, messages, TOOLS).lineage == want.lineage == want.parent.call_id
+        before = ms(lambda: find_parent(messages, TOOLS, store.calls(sid)), args.repeat)
+        hot = ms(lambda: warm.find_parent(sid, messages, TOOLS), args.repeat)
+        cold = ms(lambda: SessionIndex(store).find_parent(sid, messages, TOOLS), args.repeat)
+        table.add_row(str(target), str(len(messages)), f"{before:.1f}", f"{hot:.1f}", f"{cold:.1f}",
+                      f"{before / hot:.0f}×")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
