@@ -21,7 +21,7 @@ import redis
 
 from mock_pool import MockPool, vllm_answer
 from polar_mq.proxy_app.app import create_app
-from polar_mq.proxy_app.fastpath import FastPath
+from polar_mq.proxy_app.fastpath import BODY_IN_MEMORY, FastPath
 from polar_mq.redis_wire import RedisWire
 from polar_mq.settings import GatewaySettings
 from polar_mq.store import GatewayStore
@@ -50,10 +50,15 @@ def served(redis_url: str, tmp_path: Any):
     gw.pause.stop()
 
 
-def _call(fast: FastPath, key: str, body_input: Any, length: int, path: str = "/v1/chat/completions") -> tuple[str, bytes]:
+def _call(fast: FastPath, key: str, body_input: Any, length: int, path: str = "/v1/chat/completions",
+          in_memory: bool = True) -> tuple[str, bytes]:
+    """One call through FastPath; `in_memory`: the body is already read, as the lean worker
+    hands it over (else it is still to come off the socket, as under gunicorn's own path)."""
     started: list[str] = []
     environ = {"REQUEST_METHOD": "POST", "PATH_INFO": f"/s/{key}{path}", "QUERY_STRING": "",
                "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(length), "wsgi.input": body_input}
+    if in_memory:
+        environ[BODY_IN_MEMORY] = True
     result = fast(environ, lambda status, headers, exc_info=None: started.append(status))
     try:
         data = b"".join(result)
@@ -75,15 +80,15 @@ def _wire_is_free(store: GatewayStore) -> bool:
 
 class SlowBody:
     """A request body whose read waits until the call shows up in the session's in-flight hash
-    (up to 3 s), as a client still sending its body would; records what it saw."""
+    (up to `wait` s), as a slow parse would; records what it saw."""
 
-    def __init__(self, store: GatewayStore, session_id: str, data: bytes):
-        self.store, self.session_id, self.data = store, session_id, data
+    def __init__(self, store: GatewayStore, session_id: str, data: bytes, wait: float = 3.0):
+        self.store, self.session_id, self.data, self.wait = store, session_id, data, wait
         self.seen: dict[bytes, bytes] = {}
 
     def read(self, n: int = -1) -> bytes:
         probe = redis.Redis(connection_pool=self.store.r.connection_pool)
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + self.wait
         while not self.seen and time.monotonic() < deadline:
             self.seen = probe.hgetall(self.store.keys.session_inflight(self.session_id))
             time.sleep(0.01)
@@ -103,6 +108,20 @@ def test_the_call_is_in_flight_while_its_body_is_read(served, cached: bool) -> N
     assert store.calls(session["session_id"])[-1].call_id == call_id.decode()
     assert store.inflight_calls(session["session_id"]) == 0
     assert _drain_count(store, gw) == 0
+
+
+def test_a_body_still_on_the_socket_is_read_before_the_admission_goes_out(served) -> None:
+    """Under gunicorn's own path the body comes off the client's socket as it is read: a slow
+    upload must not hold a Redis connection, so the script goes out after the read (and still
+    before the body is converted)."""
+    fast, gw, store, session = served
+    body = SlowBody(store, session["session_id"], BODY, wait=0.3)
+    status, data = _call(fast, session["key"], body, len(BODY), in_memory=False)
+    assert status == "200 OK" and b"hello there" in data
+    assert body.seen == {}  # not registered while the body was being read
+    [rec] = store.calls(session["session_id"])
+    assert store.inflight_calls(session["session_id"]) == 0 and _drain_count(store, gw) == 0
+    assert _wire_is_free(store)
 
 
 @pytest.mark.parametrize("path,body", [

@@ -98,6 +98,7 @@ def test_the_environ_is_gunicorns(target: str) -> None:
     assert {k for k in ours if k.startswith("HTTP_")} == {k for k in theirs if k.startswith("HTTP_")}
     assert ours["HTTP_ANTHROPIC_BETA"] == "a,b,c"  # repeated headers joined as gunicorn joins them
     assert ours["wsgi.input"].read() == BODY
+    assert ours[lean_worker.BODY_IN_MEMORY] is True  # read whole: FastPath may admit before parsing it
 
 
 class Gather:

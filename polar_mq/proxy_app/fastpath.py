@@ -112,6 +112,10 @@ class ThenStore:
             after()
 
 
+# WSGI environ key: the request body is already in memory (the lean worker read it whole).
+BODY_IN_MEMORY = "polar.body_in_memory"
+
+
 class FastPath:
     """WSGI middleware: provider calls here, everything else to `app` (Flask's wsgi_app)."""
 
@@ -166,11 +170,16 @@ class FastPath:
         sid, cached = gw.resolve(session_key)
         if count:
             return gw.count_tokens(provider, sid, self.read_json(environ))
-        # The admission script goes out now; its answer is read after the body is parsed and
-        # converted (core.Gateway.enter), so Redis works while this process does.
+        # The admission script goes out before the body is parsed and converted; its answer is
+        # read after (core.Gateway.enter), so Redis works while this process does. A body still
+        # to come off the socket (not the lean worker's) is read first: a slow upload must not
+        # hold one of the gateway's Redis connections.
+        buffered = environ.get(BODY_IN_MEMORY, False)
+        body = None if buffered else self.read_json(environ)
         entry = gw.admit_early(sid, session_key if cached else None)
         try:
-            body = self.read_json(environ)
+            if body is None:
+                body = self.read_json(environ)
             context = CallContext(retry_count=_int(environ.get("HTTP_X_STAINLESS_RETRY_COUNT")),
                                   client_socket=client_socket(environ),
                                   cached_key=session_key if cached else None, defer_store=True, entry=entry)

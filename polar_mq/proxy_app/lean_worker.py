@@ -46,7 +46,7 @@ from gunicorn import SERVER, util
 from gunicorn.workers.ggevent import GeventWorker
 
 from ..fast_send import send_all
-from .fastpath import FastPath, provider_path
+from .fastpath import BODY_IN_MEMORY, FastPath, provider_path
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -145,7 +145,7 @@ def environ_for(req: Request, body: bytes, base: dict[str, Any], sock: Any,
     environ = dict(base)
     environ.update({
         "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": req.path, "QUERY_STRING": req.query,
-        "RAW_URI": req.raw_uri, "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.input": io.BytesIO(body),
+        "RAW_URI": req.raw_uri, "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.input": io.BytesIO(body), BODY_IN_MEMORY: True,
         "gunicorn.socket": sock, "CONTENT_LENGTH": str(req.length),
     })
     if isinstance(client, tuple):
