@@ -135,9 +135,7 @@ class Entry:
                     reply = adm.wire.execute("EVAL", _ENTER, len(keys), *keys, *args)
                 elif isinstance(reply, ResponseError):
                     raise reply
-            elif adm.wire is not None:
-                reply = adm.wire.evalsha(adm._enter.sha, _ENTER, keys, args)
-            else:
+            else:  # no RedisWire (send_enter sent nothing): through the client
                 reply = adm._enter(keys=keys, args=args)
         except Exception as exc:
             self._error = exc
@@ -149,11 +147,11 @@ class Entry:
     def withdraw(self) -> Ticket | None:
         """The call ends before it started (a malformed body, a refused conversion): read the
         answer and take a registered call out of the session's in-flight hash, and out of the
-        drain count when it was counted. Never raises a Redis error (logged); returns the
-        ticket, or None when Redis did not answer."""
+        drain count when it was counted. Never raises (what fails is logged: the call's own
+        error is the one its client gets); returns the ticket, or None when Redis did not answer."""
         try:
             ticket = self.ticket()
-        except Exception as exc:  # the call's own error is the one to report
+        except Exception as exc:
             log.warning("admission of call %s unread: %s", self.call_id, exc)
             return None
         if ticket.state != REGISTERED:

@@ -72,8 +72,9 @@ class CallContext:
     # The web layer writes a plain reply before Redis's answer to the record's MULTI is read,
     # and then runs JsonReply.after (fastpath.py). Off: the reply waits for it.
     defer_store: bool = False
-    # The call's admission script, sent by the web layer before it read the body (Gateway.admit
-    # _early): `generate` reads its answer, or withdraws it when the call fails before it starts.
+    # The call's admission script, sent by the web layer before the body was parsed
+    # (Gateway.admit_early): `generate` reads its answer, or withdraws it when the call fails
+    # before it starts.
     entry: Entry | None = None
 
 

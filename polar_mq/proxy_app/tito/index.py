@@ -132,27 +132,26 @@ class SessionIndex:
 
     def _candidates(self, session_id: str, entry: _Session, start: int, blobs: list[bytes]) -> list[Candidate]:
         envs: list[tuple[int, dict[str, Any] | None, bytes]] = []
-        need: set[bytes] = set()
+        messages: set[bytes] = set()  # chunks to read: messages and tools not digested yet, replies
+        tools: set[bytes] = set()
+        replies: set[bytes] = set()
         for i, blob in enumerate(blobs):
             env = record_codec.envelope(blob)
             if env is not None:
                 if env.get("kind", "generation") != "generation":
                     continue
-                need.update(m for m in env.get("messages") or [] if isinstance(m, bytes) and m not in entry.messages)
+                messages.update(m for m in env.get("messages") or [] if isinstance(m, bytes) and m not in entry.messages)
                 if isinstance(env.get("tools"), bytes) and env["tools"] not in entry.tools:
-                    need.add(env["tools"])
+                    tools.add(env["tools"])
                 if isinstance(env.get("response_message"), bytes):
-                    need.add(env["response_message"])
+                    replies.add(env["response_message"])
             envs.append((start + i, env, blob))
-        stored = self.store.chunks(session_id, need)
-        values: dict[bytes, Any] = {}
-        for digest, raw in stored.items():
-            values[digest] = record_codec.chunk_value(raw)
-        for digest, value in values.items():  # remember message / tools digests by chunk
-            if digest not in entry.messages and isinstance(value, dict):
-                entry.messages[digest] = message_digest(value)
-            if isinstance(value, list):
-                entry.tools[digest] = tools_digest(value)
+        values = {digest: record_codec.chunk_value(raw)
+                  for digest, raw in self.store.chunks(session_id, messages | tools | replies).items()}
+        for digest in messages & values.keys():  # chunks are content-addressed: digest each once
+            entry.messages[digest] = message_digest(values[digest])
+        for digest in tools & values.keys():
+            entry.tools[digest] = tools_digest(values[digest])
         out: list[Candidate] = []
         for index, env, blob in envs:
             cand = self._candidate(index, env, blob, entry, values)
