@@ -296,7 +296,8 @@ def envelope(blob: bytes) -> dict[str, Any] | None:
     blob written before this layout."""
     if not blob.startswith(ENVELOPE_MAGIC):
         return None
-    return _unpack(zlib.decompress(blob[len(ENVELOPE_MAGIC):]))
+    env: dict[str, Any] = _unpack(zlib.decompress(blob[len(ENVELOPE_MAGIC):]))
+    return env
 
 
 def chunk_value(stored: bytes) -> Any:

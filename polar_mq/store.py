@@ -403,13 +403,13 @@ class GatewayStore:
         if not wanted:
             return {}
         found = self.r.hmget(self.keys.call_chunks(session_id), wanted)
-        return {d: v for d, v in zip(wanted, found) if v is not None}
+        return {d: v for d, v in zip(wanted, map(replies.blob, found)) if v is not None}
 
     @_guard
     def call_at(self, session_id: str, index: int) -> CaptureRecord | None:
         """The record at position `index` of the session's list, whole (two round trips: its
         blob, then the chunks it refers to); None when there is none."""
-        blob = self.r.lindex(self.keys.calls(session_id), index)
+        blob = replies.blob(self.r.lindex(self.keys.calls(session_id), index))
         if blob is None:
             return None
         env = record_codec.envelope(blob)

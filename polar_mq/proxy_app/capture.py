@@ -15,7 +15,7 @@ from typing import Any, Callable
 import msgpack
 
 from .. import jsonsafe
-from ..model import CaptureRecord
+from ..model import CaptureRecord, new_id
 from ..token_ids import as_ids
 from ..store import GatewayStore, StoreUnavailable, pack
 from .adapters.base import ChatRequest, ChatResult, GatewayError
@@ -29,12 +29,12 @@ def new_record(session_id: str, provider: str, req: ChatRequest, body: dict[str,
     """`req.params` are the parameters sent upstream; `requested_params` what the harness asked
     for when a sampling policy replaced some of them (default: the same). `call_id`: one chosen
     before the record (an admission sent early: core.Gateway.admit_early); default a new one."""
-    named = {} if call_id is None else {"call_id": call_id}
     return CaptureRecord(
         session_id=session_id, provider=provider, stream=req.stream, model_requested=req.model,
         model_served=served_model, request=body, messages=req.messages, tools=req.tools,
         params=dict(req.params), notes=list(req.notes), retry_count=retry_count,
-        requested_params=dict(req.params if requested_params is None else requested_params), **named,
+        requested_params=dict(req.params if requested_params is None else requested_params),
+        call_id=call_id or new_id("call"),
     )
 
 
