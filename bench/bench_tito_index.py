@@ -1,8 +1,11 @@
 """Token-in matching cost as a session grows: the session index (tito/index.py) vs reading and
 matching the whole session (matching.find_parent over store.calls), side by side in one run.
 
-A linear agent session (system prompt, task, then tool call / tool result turns, each call's
-record stored as the gateway stores it) is grown in an embedded Redis; at each checkpoint the
+A linear Claude Code session is grown in an embedded Redis, each call's record stored as the
+gateway stores it: the history and the 26 tools of the largest recorded Claude Code request
+(tests/replays/claude_code/anthropic.json, through the Anthropic adapter: its system prompt,
+task and system reminder), then turns that repeat its recorded tool call and tool result with
+fresh tool-call ids; at each checkpoint the
 next call's lookup is timed both ways (the index warm: it has seen the calls before, as in a
 running gateway; and cold: a fresh process's first lookup in that session). Both must pick the
 same parent.
@@ -13,6 +16,7 @@ same parent.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -30,17 +34,23 @@ from polar_mq.proxy_app.tito.index import SessionIndex  # noqa: E402
 from polar_mq.proxy_app.tito.matching import find_parent  # noqa: E402
 from polar_mq.store import GatewayStore  # noqa: E402
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command. " * 20,
-                                            "parameters": {"type": "object", "properties": {
-                                                "command": {"type": "string"}}, "required": ["command"]}}}]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gateway import replay_request  # noqa: E402
+from polar_mq.proxy_app.adapters import anthropic  # noqa: E402
 
 
-def turn(k: int) -> tuple[dict, dict]:
-    reply = {"role": "assistant", "content": None, "tool_calls": [{
-        "id": f"call_{k}", "type": "function",
-        "function": {"name": "bash", "arguments": '{"command": "grep -rn pattern src/module_%d.py"}' % k}}]}
-    result = {"role": "tool", "tool_call_id": f"call_{k}",
-              "content": "".join(f"src/module_{k}.py:{i}: a matching line of code\n" for i in range(12))}
+def recorded_session() -> tuple[list[dict], tuple[dict, dict], list[dict]]:
+    """(opening history, one recorded (tool call, tool result) turn, tools) of a real Claude Code
+    request, as the gateway records them (chat messages, chat tools)."""
+    req = anthropic.to_chat(replay_request())
+    first = next(i for i, m in enumerate(req.messages) if m.get("tool_calls"))
+    return req.messages[:first], (req.messages[first], req.messages[first + 1]), req.tools
+
+
+def turn(recorded: tuple[dict, dict], k: int) -> tuple[dict, dict]:
+    reply, result = copy.deepcopy(recorded)
+    reply["tool_calls"][0]["id"] = result["tool_call_id"] = f"toolu_bench_{k}"
     return reply, result
 
 
@@ -62,8 +72,7 @@ def main() -> None:
     server = start_embedded()
     store = GatewayStore(redis.Redis.from_url(server.url))
     sid = "bench-session"
-    messages = [{"role": "system", "content": "You are a coding agent. Follow the rules. " * 100},
-                {"role": "user", "content": "Find where the pattern is used and fix the bug."}]
+    messages, recorded, tools = recorded_session()
     warm = SessionIndex(store)
     table = Table(title="token-in lookup of the next call, ms (median), same run", min_width=90)
     for col in ("recorded calls", "messages", "whole session (before)", "index, warm", "index, cold",
@@ -73,19 +82,19 @@ def main() -> None:
     for target in sorted(args.calls):
         with console.status(f"growing the session to {target} calls…"):
             while k < target:
-                reply, result = turn(k)
+                reply, result = turn(recorded, k)
                 store.append_call(CaptureRecord(
-                    session_id=sid, provider="openai_chat", messages=list(messages), tools=TOOLS,
+                    session_id=sid, provider="openai_chat", messages=list(messages), tools=tools,
                     response_message=reply, prompt_token_ids=list(range(1000, 1000 + 40 * len(messages))),
                     completion_token_ids=[5, 6, 7]))
                 messages = messages + [reply, result]
                 k += 1
-                warm.find_parent(sid, messages, TOOLS)  # a running gateway saw every call
-        want = find_parent(messages, TOOLS, store.calls(sid))
-        assert warm.find_parent(sid, messages, TOOLS).lineage == want.lineage == want.parent.call_id
-        before = ms(lambda: find_parent(messages, TOOLS, store.calls(sid)), args.repeat)
-        hot = ms(lambda: warm.find_parent(sid, messages, TOOLS), args.repeat)
-        cold = ms(lambda: SessionIndex(store).find_parent(sid, messages, TOOLS), args.repeat)
+                warm.find_parent(sid, messages, tools)  # a running gateway saw every call
+        want = find_parent(messages, tools, store.calls(sid))
+        assert warm.find_parent(sid, messages, tools).lineage == want.lineage == want.parent.call_id
+        before = ms(lambda: find_parent(messages, tools, store.calls(sid)), args.repeat)
+        hot = ms(lambda: warm.find_parent(sid, messages, tools), args.repeat)
+        cold = ms(lambda: SessionIndex(store).find_parent(sid, messages, tools), args.repeat)
         table.add_row(str(target), str(len(messages)), f"{before:.1f}", f"{hot:.1f}", f"{cold:.1f}",
                       f"{before / hot:.0f}×")
     console.print(table)

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from . import replies
+from .redis_wire import RedisWire
 from .store import Keys
 
 HEARTBEAT_INTERVAL = 1.0  # a gateway process beats this often
@@ -61,7 +62,7 @@ class PauseState:
         self.keys = keys or Keys()
         self._begin = self.r.register_script(_BEGIN)
         self._end = self.r.register_script(_END)
-        self.wire: Any = None  # the gateway's RedisWire, when it has one (set by the gateway)
+        self.wire: RedisWire | None = None  # the gateway's own connections, when it has them (set by the gateway)
 
     # --- gateway side ---------------------------------------------------------------------------
     def begin(self, gateway_id: str) -> tuple[bool, int | None]:

@@ -129,10 +129,15 @@ def test_a_lookup_reads_only_the_records_stored_since_the_last(store: GatewaySto
     session_id = new_id("sess")
     index = SessionIndex(store)
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEMS[0]}, {"role": "user", "content": "go"}]
-    read: list[int] = []
+    read: list[int] = []  # blobs each lookup read from the real Redis
     since = store.call_blobs_since
-    monkeypatch.setattr(store, "call_blobs_since",
-                        lambda sid, start: (lambda out: (read.append(len(out[1])), out)[1])(since(sid, start)))
+
+    def counted(sid: str, start: int) -> tuple[int, list[bytes]]:
+        length, blobs = since(sid, start)
+        read.append(len(blobs))
+        return length, blobs
+
+    monkeypatch.setattr(store, "call_blobs_since", counted)
     monkeypatch.setattr(store, "calls", lambda sid: pytest.fail("the whole session was read"))
     for k in range(30):
         match = index.find_parent(session_id, messages, TOOLS_A)

@@ -76,14 +76,13 @@ class Candidate:
 
 
 class _Session:
-    __slots__ = ("count", "items", "messages", "tools", "ordered")
+    __slots__ = ("count", "items", "messages", "tools")
 
     def __init__(self) -> None:
         self.count = 0  # records of the session's list read so far
         self.items: list[Candidate] = []
         self.messages: dict[bytes, bytes] = {}  # chunk digest -> message digest
         self.tools: dict[bytes, bytes] = {}  # chunk digest -> tools digest
-        self.ordered = True
 
 
 class SessionIndex:
@@ -120,14 +119,11 @@ class SessionIndex:
             # Another greenlet may have read some of these meanwhile: keep what it did not.
             fresh = [c for c in fresh if c.index >= entry.count]
             if fresh:
-                if entry.items and (fresh[0].started_at, fresh[0].index) < (entry.items[-1].started_at,
-                                                                            entry.items[-1].index):
-                    entry.ordered = False
                 entry.items.extend(fresh)
-            entry.count = max(entry.count, start + len(blobs))
-            if not entry.ordered:
+                # find_parent's order; records usually arrive in it already (sorting a sorted
+                # list is one pass), a spooled record replayed late does not
                 entry.items.sort(key=lambda c: (c.started_at, c.index))
-                entry.ordered = True
+            entry.count = max(entry.count, start + len(blobs))
             return list(entry.items)
 
     def _candidates(self, session_id: str, entry: _Session, start: int, blobs: list[bytes]) -> list[Candidate]:
@@ -194,11 +190,11 @@ class SessionIndex:
             if reply is None:
                 complete = False
         n = len(env.get("messages") or [])
-        prefix = chain(digests[:HEAD]) if complete else []
+        prefix = chain(digests) if complete else [b""]
         return Candidate(
             index=index, call_id=env.get("call_id", ""), started_at=env.get("started_at", 0.0), n=n,
-            full=(chain(digests)[-1] if complete else None), head=b"".join(digests[:HEAD]),
-            head_prefix=b"".join(prefix[1:]),
+            full=prefix[-1] if complete else None, head=b"".join(digests[:HEAD]),
+            head_prefix=b"".join(prefix[1:HEAD + 1]),
             tools=tools_d, reply=reply_signature(reply) if isinstance(reply, dict) else None,
             problem=unusable(env.get("status", "ok"), reply is not None, bool(env.get("prompt_token_ids")),
                              bool(env.get("completion_token_ids"))))
