@@ -16,6 +16,7 @@ import msgpack
 
 from .. import jsonsafe
 from ..model import CaptureRecord, new_id
+from ..record_codec import Encoder
 from ..token_ids import as_ids
 from ..store import GatewayStore, StoreUnavailable, pack
 from .adapters.base import ChatRequest, ChatResult, GatewayError
@@ -107,17 +108,19 @@ class Recorder:
         admission.py); they ran exactly when a copy reached Redis."""
         return self.send(record, also).finish()
 
-    def send(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> "PendingRecord":
+    def send(self, record: CaptureRecord, also: Callable[[Any], None] | None = None,
+             encoder: Encoder | None = None) -> "PendingRecord":
         """`write` up to the record's MULTI being sent to Redis: `finish()` on the result reads
         Redis's answer (spooling the record if there is none) and gives `write`'s pair. An
-        encoding problem or a Redis that cannot be reached is dealt with here, as by `write`."""
+        encoding problem or a Redis that cannot be reached is dealt with here, as by `write`.
+        `encoder`: the record's own (GatewayStore.encoder_for), maybe prepared."""
         for observe in self.observers:
             try:
                 observe(record)
             except Exception:  # metrics must never cost a record
                 log.exception("record observer failed")
         try:
-            return PendingRecord(self, record, self.store.send_call(record, also))
+            return PendingRecord(self, record, self.store.send_call(record, also, encoder))
         except StoreUnavailable as exc:
             return PendingRecord(self, record, None, self._unavailable(record, exc))
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it
