@@ -84,6 +84,20 @@ def test_the_reply_comes_first_and_redis_is_answered_at_close(served) -> None:
     assert status == "200 OK" and len(store.calls(session["session_id"])) == 2
 
 
+def test_the_live_metrics_see_the_call_once_after_its_reply(served) -> None:
+    fast, gw, store, session, spool = served
+    seen: list[str] = []
+    gw.recorder.observers.append(lambda record: seen.append(record.call_id))
+    status, result = _call(fast, session["key"])
+    assert status == "200 OK" and b"hello there" in b"".join(result)
+    assert seen == []  # the reply is out; the observers wait for Redis's answer to the record
+    result.close()
+    [rec] = store.calls(session["session_id"])
+    assert seen == [rec.call_id]
+    result.close()
+    assert seen == [rec.call_id]
+
+
 def test_an_error_reply_is_deferred_too_and_a_bad_key_is_not(served) -> None:
     fast, gw, store, session, spool = served
     def refuse(body: dict[str, Any]) -> dict[str, Any]:

@@ -113,12 +113,9 @@ class Recorder:
         """`write` up to the record's MULTI being sent to Redis: `finish()` on the result reads
         Redis's answer (spooling the record if there is none) and gives `write`'s pair. An
         encoding problem or a Redis that cannot be reached is dealt with here, as by `write`.
-        `encoder`: the record's own (GatewayStore.encoder_for), maybe prepared."""
-        for observe in self.observers:
-            try:
-                observe(record)
-            except Exception:  # metrics must never cost a record
-                log.exception("record observer failed")
+        `encoder`: the record's own (GatewayStore.encoder_for), maybe prepared. The observers
+        (live metrics) see the record in `finish()`: for a deferred write, after the client's
+        reply went out."""
         try:
             return PendingRecord(self, record, self.store.send_call(record, also, encoder))
         except StoreUnavailable as exc:
@@ -136,7 +133,15 @@ class Recorder:
                 self._spool(clean)
                 stored = False
             return PendingRecord(self, clean, None, (stored, GatewayError(
-                "invalid_request", f"the call could not be recorded as sent ({exc}); a sanitized copy was kept")))
+                "invalid_request", f"the call could not be recorded as sent ({exc}); a sanitized copy was kept")),
+                observed=record)
+
+    def observe(self, record: CaptureRecord) -> None:
+        for observe in self.observers:
+            try:
+                observe(record)
+            except Exception:  # metrics must never cost a record
+                log.exception("record observer failed")
 
     def _unavailable(self, record: CaptureRecord, exc: Exception) -> tuple[bool, GatewayError]:
         self._spool(record)
@@ -179,8 +184,10 @@ class PendingRecord:
     replaying the spool then stores it twice, as when a synchronous write lost its answer)."""
 
     def __init__(self, recorder: Recorder, record: CaptureRecord, write: Any,
-                 outcome: tuple[bool, GatewayError | None] | None = None):
+                 outcome: tuple[bool, GatewayError | None] | None = None,
+                 observed: CaptureRecord | None = None):
         self.recorder, self.record, self._write, self._outcome = recorder, record, write, outcome
+        self._observed: CaptureRecord | None = observed or record  # what the observers see, once
 
     @property
     def waiting(self) -> bool:
@@ -195,4 +202,7 @@ class PendingRecord:
                 self._outcome = (True, None)
             except StoreUnavailable as exc:
                 self._outcome = self.recorder._unavailable(self.record, exc)
+        observed, self._observed = self._observed, None
+        if observed is not None:
+            self.recorder.observe(observed)
         return self._outcome

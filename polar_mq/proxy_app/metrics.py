@@ -4,7 +4,8 @@ What a researcher watches while a run goes: per-provider call latency, tokens pe
 rate of the token counters, and each call's decode speed as a histogram), generations in flight,
 upstream errors and retries, and how often a call continued a recorded one as token ids (TITO).
 
-Every stored CaptureRecord passes `observe` (the Recorder calls its observers after saving), the
+Every stored CaptureRecord passes `observe` (the Recorder calls its observers once Redis answered
+the record's write: for a plain call, after its reply went out), the
 upstream pool reports retries through `on_retry`, the pause gate the calls it admits and releases
 (in flight). gunicorn runs
 several worker processes: `prepare_multiprocess` (called before the workers fork) points
