@@ -150,17 +150,6 @@ class Encoder:
         self.chunks: Chunks = {}
         self.known = known
         self.used: set[bytes] = set()
-        self._request_side: tuple[Any, ...] | None = None
-
-    def prepare(self, record: CaptureRecord) -> None:
-        """Encode the record's request side now: its messages, tools and provider request, which
-        are known before the upstream answers and never change after (capture.new_record). The
-        gateway calls this while the upstream generates (core.Gateway.call), so the envelope
-        made after the answer only adds what came with it. `envelope` uses this work only for
-        the very objects it was done on, and gives the same envelope either way."""
-        messages, tools, request = record.messages, record.tools, record.request
-        self._request_side = (messages, tools, request, self.refs(messages or []),
-                              self.ref(tools or [], repeated=True), self.request(request))
 
     def ref(self, value: Any, repeated: bool = False) -> Any:
         """A digest for a value worth sharing; small values stay inline. `repeated`: a large value
@@ -264,15 +253,10 @@ class Encoder:
 
     def envelope(self, record: CaptureRecord) -> dict[str, Any]:
         env = record.to_dict(text_ids=True)
-        side = self._request_side
-        if (side is not None and side[0] is record.messages and side[1] is record.tools
-                and side[2] is record.request):
-            env["messages"], env["tools"], env["request"] = side[3], side[4], side[5]
-        else:
-            env["messages"] = self.refs(record.messages or [])
-            env["tools"] = self.ref(record.tools or [], repeated=True)
-            env["request"] = self.request(record.request)
+        env["messages"] = self.refs(record.messages or [])
+        env["tools"] = self.ref(record.tools or [], repeated=True)
         env["response_message"] = self.ref(record.response_message)
+        env["request"] = self.request(record.request)
         ids = record.prompt_token_ids
         env["prompt_token_ids"] = self.text_ids(ids) if isinstance(ids, TokenIds) else self.ids(list(ids or []))
         return env

@@ -328,20 +328,15 @@ class GatewayStore:
         return self._send(records, trust_cache, also).finish()
 
     def _send(self, records: list[CaptureRecord], trust_cache: bool = True,
-              also: Callable[[Any], None] | None = None,
-              encoder: record_codec.Encoder | None = None) -> "RecordWrite":
+              also: Callable[[Any], None] | None = None) -> "RecordWrite":
         """`_write` up to its MULTI being sent (on the RedisWire; through a redis-py pipeline it
-        is also answered): RecordWrite.finish reads the answer and completes it. `encoder`: the
-        one record's, made by `encoder_for` (and maybe prepared) before."""
+        is also answered): RecordWrite.finish reads the answer and completes it."""
         writes: list[tuple[str, dict[bytes, bytes], str, bytes]] = []
         relied: list[str] = []
         used: dict[str, set[bytes]] = {}
         for rec in records:
-            if encoder is None or len(records) != 1:
-                known = self._known.get(rec.session_id, set()) if trust_cache else set()
-                encoder = record_codec.Encoder(known)
-            blob, chunks, refs = record_codec.encode(rec, encoder)
-            encoder = None
+            known = self._known.get(rec.session_id, set()) if trust_cache else set()
+            blob, chunks, refs = record_codec.encode(rec, record_codec.Encoder(known))
             key = self.keys.call_chunks(rec.session_id)
             if refs - set(chunks) and key not in relied:
                 relied.append(key)
@@ -371,19 +366,11 @@ class GatewayStore:
             return list(pipe.execute())
         return _raise_errors(self.wire.transaction(cmds))
 
-    def encoder_for(self, session_id: str) -> record_codec.Encoder:
-        """The encoder `send_call` would make for a record of this session: made early, it can
-        encode the record's request side while the upstream generates (Encoder.prepare). Its
-        view of the chunks stored for the session is this process's, live, as `send_call`'s."""
-        return record_codec.Encoder(self._known.get(session_id, set()))
-
     @_guard
-    def send_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None,
-                  encoder: record_codec.Encoder | None = None) -> "RecordWrite":
+    def send_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> "RecordWrite":
         """`append_call` sent, not yet answered: the caller can do other work (answer its client)
-        while Redis runs the MULTI, then must call `finish()` on the result. `encoder`: from
-        `encoder_for`, maybe prepared."""
-        return self._send([record], also=also, encoder=encoder)
+        while Redis runs the MULTI, then must call `finish()` on the result."""
+        return self._send([record], also=also)
 
     @_guard
     def append_call(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> None:

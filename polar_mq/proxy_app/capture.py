@@ -16,7 +16,6 @@ import msgpack
 
 from .. import jsonsafe
 from ..model import CaptureRecord, new_id
-from ..record_codec import Encoder
 from ..token_ids import as_ids
 from ..store import GatewayStore, StoreUnavailable, pack
 from .adapters.base import ChatRequest, ChatResult, GatewayError
@@ -108,16 +107,14 @@ class Recorder:
         admission.py); they ran exactly when a copy reached Redis."""
         return self.send(record, also).finish()
 
-    def send(self, record: CaptureRecord, also: Callable[[Any], None] | None = None,
-             encoder: Encoder | None = None) -> "PendingRecord":
+    def send(self, record: CaptureRecord, also: Callable[[Any], None] | None = None) -> "PendingRecord":
         """`write` up to the record's MULTI being sent to Redis: `finish()` on the result reads
         Redis's answer (spooling the record if there is none) and gives `write`'s pair. An
         encoding problem or a Redis that cannot be reached is dealt with here, as by `write`.
-        `encoder`: the record's own (GatewayStore.encoder_for), maybe prepared. The observers
-        (live metrics) see the record in `finish()`: for a deferred write, after the client's
-        reply went out."""
+        The observers (live metrics) see the record in `finish()`: for a deferred write, after the
+        client's reply went out."""
         try:
-            return PendingRecord(self, record, self.store.send_call(record, also, encoder))
+            return PendingRecord(self, record, self.store.send_call(record, also))
         except StoreUnavailable as exc:
             return PendingRecord(self, record, None, self._unavailable(record, exc))
         except (TypeError, ValueError, OverflowError) as exc:  # msgpack could not encode it

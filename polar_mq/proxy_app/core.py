@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterator
 from ..locks import short_lock
 from ..model import CaptureRecord, new_id
 from ..pause_state import PauseState
-from ..record_codec import Encoder
 from ..settings import GatewaySettings
 from ..store import GatewayStore, StoreUnavailable
 from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
@@ -37,8 +36,6 @@ from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_res
 from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
-from . import while_waiting
-from .while_waiting import Queued
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -241,30 +238,20 @@ class Gateway:
             raise GatewayError("authentication", "unknown session key")
         return ticket
 
-    def finish(self, record: CaptureRecord, inflight: Inflight, counted: bool,
-               encoder: Encoder | None = None) -> GatewayError | None:
+    def finish(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> GatewayError | None:
         """Store the record and let the call out of flight, in one MULTI (admission.leave)."""
-        return self.store_record(record, inflight, counted, encoder).wait()
+        return self.store_record(record, inflight, counted).wait()
 
-    def store_record(self, record: CaptureRecord, inflight: Inflight, counted: bool,
-                     encoder: Encoder | None = None) -> "Storing":
-        """`finish` up to the MULTI being sent: `wait()` on the result completes it. `encoder`:
-        the record's, from `encode_while_waiting`."""
+    def store_record(self, record: CaptureRecord, inflight: Inflight, counted: bool) -> "Storing":
+        """`finish` up to the MULTI being sent: `wait()` on the result completes it."""
         sid, cid = record.session_id, record.call_id
         try:
-            pending = self.recorder.send(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted),
-                                         encoder)
+            pending = self.recorder.send(record, lambda pipe: self.admission.leave(pipe, sid, cid, counted))
         except BaseException:
             self.pause.release(counted)
             self.registry.finish(inflight)
             raise
         return Storing(self, pending, inflight, counted)
-
-    def encode_while_waiting(self, record: CaptureRecord) -> tuple[Encoder, Queued]:
-        """The record's encoder, with its request side queued to be encoded while the upstream
-        generates (while_waiting.py); `Queued.cancel()` it before the record is stored."""
-        encoder = self.store.encoder_for(record.session_id)
-        return encoder, while_waiting.queue(lambda: encoder.prepare(record))
 
     def base_urls(self, key: str) -> dict[str, str]:
         root = f"{self.settings.base_url}/s/{key}"
@@ -291,8 +278,6 @@ class Gateway:
         upstream = upstream or self.pool
         result = error = None
         counted = False
-        encoder: Encoder | None = None
-        queued: Queued | None = None
         record.started_at = time.time()
         t0 = time.monotonic()
         try:
@@ -300,7 +285,6 @@ class Gateway:
             counted = self.pause.admit(record, ticket)
             record.started_at = time.time()
             t0 = time.monotonic()
-            encoder, queued = self.encode_while_waiting(record)
             result, url = plain_chat(upstream, body, record, inflight, self.passthrough)
             fill_result(record, result, url)
         except Aborted as exc:
@@ -316,9 +300,7 @@ class Gateway:
             error = GatewayError("internal", f"gateway error: {exc}")
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        if queued is not None:
-            queued.cancel()
-        storing = self.store_record(record, inflight, counted, encoder)
+        storing = self.store_record(record, inflight, counted)
         if defer and storing.pending.waiting:
             return Outcome(result, error, storing.after)
         stored_error = storing.wait()
@@ -420,15 +402,12 @@ class Gateway:
         acc: StreamAccumulator | None = None
         handle = None
         counted = False
-        encoder: Encoder | None = None
-        queued: Queued | None = None
         record.started_at = time.time()
         t0 = time.monotonic()
         try:
             counted = self.pause.admit(record, ticket)  # held here while paused; the client gets pings
             record.started_at = time.time()
             t0 = time.monotonic()
-            encoder, queued = self.encode_while_waiting(record)
             if not self.passthrough:
                 record.notes.append("synthetic stream: pass-through disabled (POLAR_STREAM_PASSTHROUGH=0)")
             elif upstream.can_stream(record.session_id):
@@ -469,9 +448,7 @@ class Gateway:
                              aborted=inflight.reason is not None)
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
-        if queued is not None:
-            queued.cancel()
-        stored_error = self.finish(record, inflight, counted, encoder)
+        stored_error = self.finish(record, inflight, counted)
         error = error or stored_error
         channel.put(("error", error) if error is not None else ("finish", result))
 
