@@ -151,7 +151,8 @@ def test_stream_staleness_filter_and_advantages(client, pipeline):
     stream = client.groups(batch=3, wait=1, max_staleness=1, advantages="leave_one_out", max_groups=2,
                            idle_timeout=5)
     got = list(stream)
-    assert [g.task_id for g in got] == ["grp-v9", "grp-v10"]
+    # Groups are handed out in the order they completed, and v9 and v10 run concurrently.
+    assert sorted(g.task_id for g in got) == ["grp-v10", "grp-v9"]
     assert stream.stats.stale_dropped == 1 and stream.stats.yielded == 2
     assert all(g.advantages == [0.0, 0.0] for g in got)  # every reward 1.0
     assert all(t.metadata["advantage"] == 0.0 for g in got for t in g.trajectories)

@@ -13,7 +13,7 @@ import redis
 from polar_mq.embedded_redis import start_embedded
 from polar_mq.model import CaptureRecord
 from polar_mq.redis_wire import RedisWire
-from polar_mq.store import GatewayStore
+from polar_mq.store import GatewayStore, Keys
 
 SCRIPT = "redis.call('HINCRBY', KEYS[1], ARGV[1], 1) return {1, redis.call('HGET', KEYS[1], ARGV[1])}"
 
@@ -134,7 +134,9 @@ def test_the_watchers_and_heartbeats_commands_answer_as_through_the_client(clien
     through the wire when the store has one: same answers, same keys written."""
     from polar_mq.pause_state import PauseState
 
-    piped, wired = GatewayStore(client), GatewayStore(client, wire=RedisWire(client))
+    # A prefix of its own: gateways other tests left running heartbeat under the default one.
+    keys = Keys("pmq-wire-test")
+    piped, wired = GatewayStore(client, keys), GatewayStore(client, keys, wire=RedisWire(client))
     wired.cancel_session("s2")
     sessions = ["s1", "s2", "s3"]
     assert piped.cancelled_sessions(sessions) == wired.cancelled_sessions(sessions) == {"s2"}
