@@ -60,3 +60,12 @@ def peer_closed(sock: Any) -> bool:
         return _peek(sock) == b""
     except (OSError, ValueError):
         return True
+
+
+def has_data(sock: Any) -> bool:
+    """Whether a read of `sock` would return at once (bytes or the peer's close); a broken
+    socket counts (its read reports it)."""
+    try:
+        return _peek(sock) is not None
+    except (OSError, ValueError):
+        return True

@@ -44,6 +44,15 @@ class MockStream:
     def chunks(self) -> Iterator[dict[str, Any]]:
         yield from self._chunks
 
+    def ready(self) -> bool:  # whether the next chunk needs no wait: each is its own read here
+        return False
+
+    def can_idle(self) -> bool:  # the client's writer may read it (it never goes quiet)
+        return True
+
+    def idle_every(self, seconds: float) -> None:
+        self.idle = seconds
+
     def close(self) -> None:
         self.closed = True
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 from .. import sampling
 from ..idle_socket import peer_closed
@@ -32,7 +32,7 @@ from ..locks import short_lock
 from ..model import CaptureRecord
 from ..store import GatewayStore, StoreUnavailable
 from .adapters.base import ChatRequest, ChatResult, GatewayError
-from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool, abort_id
+from .upstream import IDLE, NoStreamIds, StreamAccumulator, UpstreamPool, abort_id
 
 if TYPE_CHECKING:
     from .upstream import UpstreamStream
@@ -41,6 +41,7 @@ log = logging.getLogger("polar_mq.calls")
 
 CLIENT_GONE = "the client closed its connection"
 YIELD_EVERY = 0.002  # s: the longest a stream reader with data always buffered runs without yielding
+BATCH_MAX = 64  # upstream chunks at most in one batch of events (one frame to the client)
 ABORT_RESEND = 0.5  # s: between abort requests for a plain call until its answer is in
 ABORT_TRIES = 20
 
@@ -246,15 +247,48 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
                 on_events: Callable[[list], None] | None = None) -> GatewayError | None:
     """Feed an open upstream stream into `acc` to its end or until the call is aborted (the
     connection is closed at once, which is how vLLM learns to stop); returns the abort error."""
+    steps = stream_events(handle, call, acc)
+    while True:
+        try:
+            kind, payload = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        if kind == "events" and on_events is not None:
+            on_events(payload)
+
+
+def stream_events(handle: "UpstreamStream", call: Inflight,
+                  acc: StreamAccumulator) -> Generator[tuple[str, Any], None, GatewayError | None]:
+    """read_stream as a generator, for a reader that writes the events out itself: it yields
+    ("events", [...]) per read from the upstream (every chunk that read brought: one frame to
+    the client for them, not one per chunk), ("idle", None) when the stream is in idle mode and
+    the upstream was quiet, and once, after the first events, ("direct", handle): the point from
+    which the stream may be read by another thread (core.py hands it to the client's writer).
+    Returns the abort error."""
     call.on_abort(handle.close)
     last_yield = time.monotonic()
+    offered = False
+    events: list = []
+    batched = 0  # chunks in `events`
+    error: GatewayError | None = None
     try:
         for chunk in handle.chunks():
-            events = acc.feed(chunk)
-            if events and on_events is not None:
-                on_events(events)
+            if chunk is IDLE:
+                yield "idle", None
+                continue
+            events.extend(acc.feed(chunk))
+            batched += 1
             if call.reason is not None:
                 break
+            if batched < BATCH_MAX and handle.ready():  # more is here already: the same frame
+                continue
+            batched = 0
+            if events:
+                yield "events", events
+                events = []
+                if not offered:
+                    offered = True
+                    yield "direct", handle
             # Let the others run: under the gevent worker a reader whose socket always has data
             # buffered never blocks, so it would starve the call watcher (cancel, client gone),
             # the writer to its client and the other streams of its process until the generation
@@ -266,9 +300,13 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
             if now - last_yield >= YIELD_EVERY:
                 yield_now()
                 last_yield = time.monotonic()
-    except GatewayError:
+    except GatewayError as exc:
         if call.reason is None:
-            raise
+            error = exc
+    if events:  # what arrived before the end, the abort or the failure still goes out
+        yield "events", events
+    if error is not None:
+        raise error
     if call.reason is not None:
         handle.close()
         return call.error()

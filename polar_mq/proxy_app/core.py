@@ -31,7 +31,7 @@ from ..store import GatewayStore, StoreUnavailable
 from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
 from .adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
 from .admission import CANCELLED, UNKNOWN_KEY, Admission, Entry, Ticket
-from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, read_stream
+from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, stream_events
 from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_result, new_record
 from .pause import PauseGate, _redis_error
 from .tito import Tito
@@ -140,6 +140,61 @@ class Storing:
             return
         if error is not None:
             log.error("call %s: %s (its client already had its answer)", self.pending.record.call_id, error.message)
+
+
+class Handover:
+    """A streamed call's reading, passed from its reader thread to the client's writer.
+
+    The reader (Gateway.stream_call) opens the upstream stream and sends the first events
+    through the channel, so that the writer's first-byte wait, early errors and pings while the
+    pause holds the call work as before; then it hands the rest of the call's steps to the
+    writer, which reads the upstream itself. Each frame then costs one thread instead of two
+    and no queue hop: under the gevent worker a hop was two more switches through the hub and a
+    Timeout per wait (bench/bench_stream_handover.py). The upstream read waits at most a ping
+    interval (idle mode: the writer pings when it is quiet, as it did when the queue was).
+    `close()` (the writer is done) makes a reader that has not handed over yet read to the end
+    on its own, so the record is always finished by someone."""
+
+    def __init__(self, channel: queue.Queue, ping_interval: float):
+        self.channel = channel
+        self.ping_interval = ping_interval
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def give(self, steps: Iterator[tuple[str, Any]], handle: Any) -> bool:
+        """Called by the reader: whether the writer took the steps (else read on)."""
+        can_idle = getattr(handle, "can_idle", None)
+        if can_idle is None or not can_idle():
+            return False
+        with self._lock:
+            if self._closed:
+                return False
+            handle.idle_every(self.ping_interval)
+            self.channel.put(("steps", steps))
+            return True
+
+    def close(self) -> Iterator[tuple[str, Any]] | None:
+        """Called by the writer when it is done: the steps handed over and never taken (the
+        client left before), which the writer must then finish."""
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                kind, payload = self.channel.get_nowait()
+            except queue.Empty:
+                return None
+            if kind == "steps":
+                return payload
+
+
+def finish_steps(steps: Iterator[tuple[str, Any]]) -> None:
+    """Run a streamed call's remaining steps to their end (its record is stored on the way);
+    after an abort (the client left) that is quick: the upstream connection is closed."""
+    try:
+        for _ in steps:
+            pass
+    except Exception:
+        log.exception("finishing a streamed call failed")
 
 
 class Gateway:
@@ -359,11 +414,12 @@ class Gateway:
             reply.after = outcome.after
             return reply
         channel: queue.Queue = queue.Queue()
+        handover = Handover(channel, self.settings.ping_interval) if self.settings.stream_handover else None
         # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
         # the open streams of a process at its size.
-        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route, ticket),
+        threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route, ticket, handover),
                          name="upstream-stream", daemon=True).start()
-        return self.stream(mod, req, channel, inflight)
+        return self.stream(mod, req, channel, inflight, handover)
 
     def abandon(self, record: CaptureRecord, inflight: Inflight, ticket: Ticket | None) -> None:
         """A call admitted but never started (a bug on the way): out of flight, nothing recorded."""
@@ -378,20 +434,30 @@ class Gateway:
         self.registry.finish(inflight, stored=True)
 
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                    inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
-        """Runs on an executor thread: whatever goes wrong, the stream gets its last item (an
-        exception must never die silently inside the future and leave the client on pings)."""
+                    inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None,
+                    handover: "Handover | None" = None) -> None:
+        """Runs on a thread of its own (a greenlet under the gevent worker): the call's steps
+        (`stream_steps`) into `channel`, until `handover` takes the reading over (then the
+        client's writer runs the rest). Whatever goes wrong, the stream gets its last item (an
+        exception must never die silently here and leave the client on pings)."""
+        steps = self.stream_steps(record, req, inflight, upstream, ticket)
         try:
-            self._stream_call(record, req, channel, inflight, upstream, ticket)
+            for item in steps:
+                if item[0] == "direct":
+                    if handover is not None and handover.give(steps, item[1]):
+                        return
+                    continue
+                channel.put(item)
         except BaseException as exc:
             log.exception("streamed call %s of session %s failed", record.call_id, record.session_id)
             channel.put(("error", GatewayError("internal", f"gateway error: {type(exc).__name__}")))
 
-    def _stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                     inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None) -> None:
-        """One streamed upstream call on a worker thread, recorded whatever happens. Normalised
-        events go into `channel` as the upstream produces them: ("events", [...]), then, once the
-        record is stored, ("finish", result) or ("error", GatewayError). When the client goes away
+    def stream_steps(self, record: CaptureRecord, req: ChatRequest, inflight: Inflight,
+                     upstream: Any = None, ticket: Ticket | None = None) -> Iterator[tuple[str, Any]]:
+        """One streamed upstream call, recorded whatever happens, as the items a writer turns
+        into frames: ("events", [...]) as the upstream produces them, ("idle", None) when it was
+        quiet (idle mode), ("direct", handle) once (calls.stream_events), then, once the record
+        is stored, ("finish", result) or ("error", GatewayError). When the client goes away
         or the session is cancelled the upstream connection is closed (vLLM then aborts the
         generation) and the record keeps what was sampled. An upstream that cannot stream token
         ids gets a non-streaming call, replayed as events. `upstream` is the pool
@@ -419,7 +485,7 @@ class Gateway:
                 record.notes.append("synthetic stream: the upstream does not stream token ids")
             if handle is not None:
                 acc = StreamAccumulator()
-                aborted = read_stream(handle, inflight, acc, lambda events: channel.put(("events", events)))
+                aborted = yield from stream_events(handle, inflight, acc)
                 if aborted is not None:
                     raise aborted
                 if not acc.finished:
@@ -433,7 +499,7 @@ class Gateway:
                 result, url = plain_chat(upstream, self.upstream_body(req), record, inflight, False)
                 fill_result(record, result, url)
                 events = list(replay(result))
-                channel.put(("events", events[:-1]))  # the finish waits for the record
+                yield "events", events[:-1]  # the finish waits for the record
         except GatewayError as exc:
             error = exc
         except Exception as exc:  # never lose the record, even on a bug
@@ -450,24 +516,29 @@ class Gateway:
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
         stored_error = self.finish(record, inflight, counted)
         error = error or stored_error
-        channel.put(("error", error) if error is not None else ("finish", result))
+        yield ("error", error) if error is not None else ("finish", result)
 
     def stream(self, mod: Adapter, req: ChatRequest, channel: queue.Queue,
-               inflight: Inflight) -> JsonReply | StreamReply:
+               inflight: Inflight, handover: "Handover | None" = None) -> JsonReply | StreamReply:
         """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
         that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
-        upstream is quiet. Frames are written as the upstream's chunks arrive."""
+        upstream is quiet. Frames are written as the upstream's chunks arrive: from `channel`
+        while the call's reader thread reads, then, once it hands the reading over (Handover),
+        from the call's steps run right here."""
         try:
             first = channel.get(timeout=self.settings.first_byte_wait)
         except queue.Empty:
             first = None
         if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
+            if handover is not None:
+                handover.close()  # the reader sent its last item: nothing was handed over
             return error_reply(mod, first[1])
         content_type = mod.stream_content_type(req)
         # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
         ping = mod.stream_ping(req)
         interval = self.settings.ping_interval
         translator = mod.stream_translator(req)
+        taken: list[Iterator[tuple[str, Any]]] = []  # the steps, once handed over
 
         def frames() -> Iterator[bytes]:
             done = False
@@ -477,12 +548,33 @@ class Gateway:
             finally:
                 if not done:  # the client went away: nobody wants the rest of the generation
                     inflight.abort(CLIENT_GONE)
+                # The record is written by whoever holds the steps: the reader thread, or here.
+                left = handover.close() if handover is not None else None
+                for steps in (*taken, left):
+                    if steps is not None:
+                        finish_steps(steps)
+
+        def next_step(steps: Iterator[tuple[str, Any]]) -> tuple[str, Any]:
+            try:
+                return next(steps)
+            except StopIteration:  # the steps end with their last item: never seen
+                return "error", GatewayError("internal", "gateway error: the stream ended early")
+            except Exception as exc:  # as stream_call: the client still gets its last item
+                log.exception("streamed call failed")
+                return "error", GatewayError("internal", f"gateway error: {type(exc).__name__}")
 
         def frames_until_done() -> Iterator[bytes]:
             item = first
             if item is None:
                 yield ping
             while True:
+                if taken:
+                    item = next_step(taken[0])
+                    while item[0] == "direct":
+                        item = next_step(taken[0])
+                    if item[0] == "idle":
+                        yield ping
+                        continue
                 while item is None:
                     try:
                         item = channel.get(timeout=interval)
@@ -491,7 +583,7 @@ class Gateway:
                 # What else had already arrived goes out in the same write (fewer syscalls when the
                 # upstream is faster than this connection), but never more: a reader that keeps
                 # the queue non-empty must not hold the frames back.
-                backlog = min(channel.qsize(), 64)
+                backlog = 0 if taken else min(channel.qsize(), 64)
                 out: list[bytes] = []
                 while item is not None:
                     kind, payload = item
@@ -501,6 +593,9 @@ class Gateway:
                         out.extend(translator.feed(StreamEvent(FINISH, result=payload)))
                         yield b"".join(out)
                         return
+                    elif kind == "steps":
+                        taken.append(payload)
+                        backlog = 0
                     else:
                         out.extend(translator.error(payload))
                         yield b"".join(out)

@@ -31,7 +31,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..fast_send import send_all
-from ..idle_socket import idle_and_open
+from ..idle_socket import has_data, idle_and_open
 from ..locks import short_lock
 from . import fastjson
 
@@ -126,6 +126,22 @@ class Response:
     @property
     def ok(self) -> bool:
         return self.status_code < 400
+
+    def read_timeout(self) -> float:
+        """The pool's limit on one wait for bytes (s)."""
+        return self._pool.timeout
+
+    def set_read_timeout(self, seconds: float) -> None:
+        """Wait at most `seconds` for bytes from now on (a ReadTimeout then leaves the answer
+        readable: nothing was taken from it). The pool resets it when the connection is reused."""
+        conn = self._conn
+        if conn is not None:
+            conn.sock.settimeout(seconds)
+
+    def arrived(self) -> bool:
+        """Whether more of the answer has arrived (a read would not wait): one non-blocking peek."""
+        conn = self._conn
+        return conn is not None and has_data(conn.sock)
 
     # --- body -------------------------------------------------------------------------------
     def _finish(self) -> None:

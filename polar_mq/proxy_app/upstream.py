@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar, cast
 from urllib.parse import urlsplit
 
 import requests
@@ -75,8 +76,15 @@ class NoStreamIds(Exception):
 RELEASE_WAIT = 0.05  # s: how long a finished stream's chunked terminator may take to arrive
 
 
+IDLE: Any = object()  # UpstreamStream.chunks in idle mode: the upstream sent nothing for a while
+
+
 class UpstreamStream:
-    """An open streaming chat completion: its SSE `data:` payloads, parsed, as they arrive."""
+    """An open streaming chat completion: its SSE `data:` payloads, parsed, as they arrive.
+
+    Idle mode (`idle_every`, for a reader that also keeps its client alive with pings): a wait
+    for bytes longer than the interval gives IDLE among the chunks instead of blocking on; the
+    stream still fails as stalled once it was quiet for the pool's read timeout in all."""
 
     def __init__(self, resp: requests.Response | http11.Response, url: str):
         self.resp = resp
@@ -84,21 +92,63 @@ class UpstreamStream:
         self.done = False
         self._sse = SseParser()
         self._pending: dict[str, Any] | None = None
+        self._ready: deque[bytes] = deque()  # payloads of the last read not yet parsed
+        self._idle: float | None = None
+        self._stall = 0.0  # s: the read timeout the idle waits add up to
+
+    def can_idle(self) -> bool:
+        """Whether idle mode works on this stream (the lean client: its read timeout leaves
+        the answer readable; urllib3's may not)."""
+        return isinstance(self.resp, http11.Response)
+
+    def idle_every(self, seconds: float) -> None:
+        """Switch to idle mode (can_idle() must hold)."""
+        resp = self.resp
+        assert isinstance(resp, http11.Response)
+        self._stall = resp.read_timeout()
+        self._idle = min(seconds, self._stall)
+        resp.set_read_timeout(self._idle)
+
+    def ready(self) -> bool:
+        """Whether the next chunk is already here (parsed from the last read, or arrived on the
+        socket): a reader that writes each batch out (calls.stream_events) writes what is here
+        in one frame, as the queue to the writer gathered it when a reader thread ran ahead."""
+        if self._ready:
+            return True
+        arrived = getattr(self.resp, "arrived", None)
+        return arrived is not None and arrived()
 
     def _payloads(self) -> Iterator[bytes]:
         raw: Any = self.resp.raw  # urllib3's HTTPResponse or http11.Response: both have read1
+        ready = self._ready
+        quiet = 0.0
         while True:
-            piece = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1)
+            while ready:
+                yield ready.popleft()
+            try:
+                piece = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1)
+            except http11.ReadTimeout:
+                idle = self._idle
+                if idle is None:
+                    raise
+                quiet += idle
+                if quiet >= self._stall:
+                    raise
+                yield IDLE
+                continue
+            quiet = 0.0
             if not piece:
                 yield from self._sse.end()
                 return
-            yield from self._sse.feed(piece)
+            ready.extend(self._sse.feed(piece))
 
     def _next(self, it: Iterator[bytes], first: bool = False) -> dict[str, Any] | None:
-        """The next chunk; None at [DONE] or the end. Transport failures become GatewayErrors.
-        The first chunk's prompt ids stay text (vllm_wire.load_answer)."""
+        """The next chunk (or IDLE); None at [DONE] or the end. Transport failures become
+        GatewayErrors. The first chunk's prompt ids stay text (vllm_wire.load_answer)."""
         try:
             for data in it:
+                if data is IDLE:
+                    return cast("dict[str, Any]", IDLE)
                 if data.strip() == b"[DONE]":
                     self.done = True
                     return None
@@ -122,7 +172,8 @@ class UpstreamStream:
         return self._pending
 
     def chunks(self) -> Iterator[dict[str, Any]]:
-        """Every chunk, the first included; ends at [DONE] or end of body."""
+        """Every chunk, the first included (IDLE among them in idle mode); ends at [DONE] or end
+        of body."""
         chunk = self._pending
         self._pending = None
         while chunk is not None:

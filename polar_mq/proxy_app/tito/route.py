@@ -22,7 +22,7 @@ import uuid
 from typing import Any, Iterator
 
 from ..adapters.base import ChatResult
-from ..upstream import COMPLETIONS_PATH, UpstreamPool, UpstreamStream, normalise_message
+from ..upstream import COMPLETIONS_PATH, IDLE, UpstreamPool, UpstreamStream, normalise_message
 from .parse import StreamParser, parse_text, to_message
 from .tokenizer import LocalTokenizer
 
@@ -183,6 +183,15 @@ class ChatChunks:
     def release(self) -> None:
         self.stream.release()
 
+    def can_idle(self) -> bool:
+        return self.stream.can_idle()
+
+    def idle_every(self, seconds: float) -> None:
+        self.stream.idle_every(seconds)
+
+    def ready(self) -> bool:
+        return self.stream.ready()
+
     def chunks(self) -> Iterator[dict[str, Any]]:
         route, eos = self.route, self.route.tok.eos_token_id
         detok = Detokenizer(route.tok)
@@ -190,6 +199,9 @@ class ChatChunks:
         rid, started = None, False
         seen = 0
         for chunk in self.stream.chunks():
+            if chunk is IDLE:
+                yield chunk
+                continue
             if chunk.get("error") is not None or chunk.get("object") == "error":
                 yield chunk  # the accumulator raises the upstream's error
                 return
