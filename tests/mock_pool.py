@@ -47,6 +47,8 @@ class MockStream:
     def ready(self) -> bool:  # whether the next chunk needs no wait: each is its own read here
         return False
 
+    sees_socket = False  # ready() does not know whether the next read waits
+
     def can_idle(self) -> bool:  # the client's writer may read it (it never goes quiet)
         return True
 

@@ -280,7 +280,8 @@ def stream_events(handle: "UpstreamStream", call: Inflight,
             batched += 1
             if call.reason is not None:
                 break
-            if batched < BATCH_MAX and handle.ready():  # more is here already: the same frame
+            more = handle.ready()
+            if more and batched < BATCH_MAX:  # more is here already: the same frame
                 continue
             batched = 0
             if events:
@@ -293,11 +294,16 @@ def stream_events(handle: "UpstreamStream", call: Inflight,
             # buffered never blocks, so it would starve the call watcher (cancel, client gone),
             # the writer to its client and the other streams of its process until the generation
             # ends (then the abort comes too late: vLLM has finished). At least every YIELD_EVERY
-            # s of reading, not after every chunk: a switch per chunk was a hub round per token,
-            # and the writer then wrote each token on its own (one send per frame). The yield is
-            # a full turn of the event loop (yield_now), not sleep(0).
+            # s of reading while data keeps coming, not after every chunk: a switch per chunk was
+            # a hub round per token, and the writer then wrote each token on its own (one send
+            # per frame). The yield is a full turn of the event loop (yield_now), not sleep(0).
+            # A reader with nothing more here is about to wait on its socket, which lets the
+            # others run anyway: at a decode pace (a token every 20-150 ms) yielding there too
+            # was one more turn of the loop per token.
             now = time.monotonic()
-            if now - last_yield >= YIELD_EVERY:
+            if not more and handle.sees_socket:
+                last_yield = now
+            elif now - last_yield >= YIELD_EVERY:
                 yield_now()
                 last_yield = time.monotonic()
     except GatewayError as exc:

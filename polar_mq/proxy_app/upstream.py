@@ -109,6 +109,12 @@ class UpstreamStream:
         self._idle = min(seconds, self._stall)
         resp.set_read_timeout(self._idle)
 
+    @property
+    def sees_socket(self) -> bool:
+        """Whether ready() looks at the socket too (the lean client), so that not ready means the
+        next read waits; urllib3 buffers what it read out of sight."""
+        return isinstance(self.resp, http11.Response)
+
     def ready(self) -> bool:
         """Whether the next chunk is already here (parsed from the last read, or arrived on the
         socket): a reader that writes each batch out (calls.stream_events) writes what is here

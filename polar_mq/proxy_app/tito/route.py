@@ -192,6 +192,10 @@ class ChatChunks:
     def ready(self) -> bool:
         return self.stream.ready()
 
+    @property
+    def sees_socket(self) -> bool:
+        return self.stream.sees_socket
+
     def chunks(self) -> Iterator[dict[str, Any]]:
         route, eos = self.route, self.route.tok.eos_token_id
         detok = Detokenizer(route.tok)
