@@ -128,3 +128,31 @@ def test_a_cancel_aborts_this_process_calls_at_once_not_at_the_watchers_next_tic
     finally:
         gw.registry.finish(call)
         gw.registry.finish(other)
+
+
+def test_a_stream_closed_before_its_first_frame_still_ends_and_is_recorded(gateway_app: Any) -> None:
+    """The lean worker closes the reply without asking for a frame when the client is gone
+    before the headers go out (closing a generator that never started runs nothing). The call
+    must still end (aborted: nobody wants the rest) and be recorded, whether the reader thread
+    still holds the stream or has handed it to the writer. Called as the lean worker calls it."""
+    import io
+    import time
+
+    from polar_mq.proxy_app.fastpath import BODY_IN_MEMORY
+
+    client, pool, session = gateway_app
+    pool.streams = pool.upstreams[0].stream_token_ids = True
+    body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": f"/s/{session['key']}/v1/chat/completions",
+               "QUERY_STRING": "", "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+               "wsgi.input": io.BytesIO(body), BODY_IN_MEMORY: True}
+    status: list[str] = []
+    frames = client.application.wsgi_app(environ, lambda s, h, e=None: status.append(s))
+    assert status == ["200 OK"]
+    frames.close()  # not one frame asked for
+    deadline = time.time() + 10
+    while not recorded(client, session) and time.time() < deadline:
+        time.sleep(0.05)
+    [rec] = recorded(client, session)
+    assert rec["status"] == "error" and "client closed" in rec["error"]
+    assert rec["prompt_token_ids"] == PROMPT_IDS

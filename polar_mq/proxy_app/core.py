@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from ..locks import short_lock
 from ..model import CaptureRecord, new_id
@@ -185,6 +185,29 @@ class Handover:
                 return None
             if kind == "steps":
                 return payload
+
+
+class StreamFrames:
+    """A streamed answer's frames, as the WSGI iterable: `close()` ends the call even when no
+    frame was ever asked for (the client was gone before the headers went out), which closing a
+    generator that never started does not. Until session 13 the reader thread finished such a
+    call by itself; since the hand-over the writer may hold its last steps."""
+
+    def __init__(self, frames: Generator[bytes, None, None], end: Callable[[bool], None]):
+        self._frames = frames
+        self._end = end
+
+    def __iter__(self) -> "StreamFrames":
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._frames)
+
+    def close(self) -> None:
+        try:
+            self._frames.close()  # a started generator ends itself (its finally)
+        finally:
+            self._end(False)  # else: the client went away before the first frame
 
 
 def finish_steps(steps: Iterator[tuple[str, Any]]) -> None:
@@ -540,19 +563,27 @@ class Gateway:
         translator = mod.stream_translator(req)
         taken: list[Iterator[tuple[str, Any]]] = []  # the steps, once handed over
 
-        def frames() -> Iterator[bytes]:
+        ended: list[bool] = []
+
+        def end(done: bool) -> None:
+            if ended:
+                return
+            ended.append(done)
+            if not done:  # the client went away: nobody wants the rest of the generation
+                inflight.abort(CLIENT_GONE)
+            # The record is written by whoever holds the steps: the reader thread, or here.
+            left = handover.close() if handover is not None else None
+            for steps in (*taken, left):
+                if steps is not None:
+                    finish_steps(steps)
+
+        def frames() -> Generator[bytes, None, None]:
             done = False
             try:
                 yield from frames_until_done()
                 done = True
             finally:
-                if not done:  # the client went away: nobody wants the rest of the generation
-                    inflight.abort(CLIENT_GONE)
-                # The record is written by whoever holds the steps: the reader thread, or here.
-                left = handover.close() if handover is not None else None
-                for steps in (*taken, left):
-                    if steps is not None:
-                        finish_steps(steps)
+                end(done)
 
         def next_step(steps: Iterator[tuple[str, Any]]) -> tuple[str, Any]:
             try:
@@ -610,7 +641,7 @@ class Gateway:
                 if out:
                     yield b"".join(out)
 
-        return StreamReply(frames(), content_type)
+        return StreamReply(StreamFrames(frames(), end), content_type)
 
     def count_tokens(self, provider: str, session_id: str, body: dict[str, Any]) -> JsonReply:
         """Token counting answers from the upstream's tokenizer and records nothing."""
