@@ -68,6 +68,17 @@ def spawn(args: list[str], health: str, log: Path, env: dict[str, str] | None = 
     return proc
 
 
+def stop_all(procs: list[subprocess.Popen], wait: float = 10.0) -> None:
+    """Terminate the processes a bench started, then kill whichever is still there after `wait` s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 REPLAY = ROOT / "tests" / "replays" / "claude_code" / "anthropic.json"
 
 
@@ -475,8 +486,7 @@ def main() -> int:
             console.print(f"80 KB Anthropic overhead: LiteLLM {lt:+.2f} ms")
         print(json.dumps(rows))
     finally:
-        for p in procs:
-            p.terminate()
+        stop_all(procs)
         redis_server.stop()
     return 0
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gateway import Cpu, builds, pct, spawn  # noqa: E402
+from bench_gateway import Cpu, builds, pct, spawn, stop_all  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.tokens import auth_headers  # noqa: E402
@@ -203,8 +203,7 @@ def main() -> int:
                 "rss_kib_per_open_stream": round((max(peak_rss) - rss_idle) * 1024 / max(1, g["peak_open"]), 1),
             })
     finally:
-        for p in procs:
-            p.terminate()
+        stop_all(procs)
         redis_server.stop()
 
     if not args.json:

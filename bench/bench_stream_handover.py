@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gateway import Cpu, SdkSession, spawn  # noqa: E402
+from bench_gateway import Cpu, SdkSession, spawn, stop_all  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.tokens import auth_headers  # noqa: E402
@@ -139,13 +139,7 @@ def main() -> int:
         console.print(table)
         console.print(f"logs: {logs}")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except Exception:
-                p.kill()
+        stop_all(procs)
         redis_server.stop()
     return 0
 

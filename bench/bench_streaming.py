@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gateway import pct, spawn  # noqa: E402
+from bench_gateway import pct, spawn, stop_all  # noqa: E402
 
 from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.tokens import auth_headers
@@ -222,13 +222,7 @@ def main() -> int:
         for provider, r_first, r_total, same in ratios:
             print(f"{provider:<17}{r_first:>10.1f}x{r_total:>11.2f}x  {'yes' if same else 'NO'}")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except Exception:
-                proc.kill()
+        stop_all(procs)
         redis.stop()
     return 0
 
