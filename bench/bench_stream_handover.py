@@ -102,7 +102,8 @@ def main() -> int:
                             assert resp.status_code == 200 and len(resp.content) > 1000, resp.text[:300]
                         cpu[mode] += meter.seconds() - c0
             n = args.rounds * args.per_round * long_tokens
-            rows.append((f"{label}: one ~{long_tokens}-token answer at a time", {m: v * 1000 / n for m, v in cpu.items()}))
+            rows.append((f"{label}: one ~{long_tokens}-token answer at a time",
+                         {m: v * 1000 / n for m, v in cpu.items()}))
 
         paced_body = {"model": "stand-in", "max_tokens": args.max_tokens, "stream": True,
                       "messages": [{"role": "user", "content": LONG}]}
@@ -126,7 +127,8 @@ def main() -> int:
                     list(pool.map(lambda i: one(i, url), range(args.concurrent)))
                     cpu[mode] += meter.seconds() - c0
         n = max(2, args.rounds // 2) * args.concurrent * paced_tokens
-        rows.append((f"openai chat: {args.concurrent} at once, {args.token_ms} ms/token", {m: v * 1000 / n for m, v in cpu.items()}))
+        rows.append((f"openai chat: {args.concurrent} at once, {args.token_ms} ms/token",
+                     {m: v * 1000 / n for m, v in cpu.items()}))
 
         table = Table(title="gateway CPU per streamed token (ms, worker process user+system)")
         table.add_column("series")

@@ -260,11 +260,11 @@ def read_stream(handle: "UpstreamStream", call: Inflight, acc: StreamAccumulator
 def stream_events(handle: "UpstreamStream", call: Inflight,
                   acc: StreamAccumulator) -> Generator[tuple[str, Any], None, GatewayError | None]:
     """read_stream as a generator, for a reader that writes the events out itself: it yields
-    ("events", [...]) per read from the upstream (every chunk that read brought: one frame to
-    the client for them, not one per chunk), ("idle", None) when the stream is in idle mode and
-    the upstream was quiet, and once, after the first events, ("direct", handle): the point from
-    which the stream may be read by another thread (core.py hands it to the client's writer).
-    Returns the abort error."""
+    ("events", [...]) per batch (the chunks that had arrived when one was parsed, up to
+    BATCH_MAX: one frame to the client for them, not one per chunk), ("idle", None) when the
+    stream is in idle mode and the upstream was quiet, and once, after the first events,
+    ("direct", handle): the point from which the stream may be read by another thread (core.py
+    hands it to the client's writer). Returns the abort error."""
     call.on_abort(handle.close)
     last_yield = time.monotonic()
     offered = False
