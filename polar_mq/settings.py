@@ -16,6 +16,11 @@ def _env_float(name: str, default: float) -> float:
     return float(value) if value else default
 
 
+def _env_on(name: str) -> bool:
+    """A switch that is on unless set to 0, false or no."""
+    return os.environ.get(name, "1").lower() not in ("0", "false", "no")
+
+
 def polar_home() -> Path:
     """Where polar_mq keeps its per-user state (the token file): $POLAR_HOME, else
     ~/.config/polar_mq."""
@@ -135,13 +140,13 @@ class GatewaySettings:
             ping_interval=_env_float("POLAR_PING_INTERVAL", 5.0),
             spool_dir=env.get("POLAR_SPOOL_DIR") or None,
             max_body_bytes=int(env.get("POLAR_MAX_BODY_BYTES") or 32 * 1024 * 1024),
-            stream_passthrough=env.get("POLAR_STREAM_PASSTHROUGH", "1").lower() not in ("0", "false", "no"),
-            stream_handover=env.get("POLAR_STREAM_HANDOVER", "1").lower() not in ("0", "false", "no"),
+            stream_passthrough=_env_on("POLAR_STREAM_PASSTHROUGH"),
+            stream_handover=_env_on("POLAR_STREAM_HANDOVER"),
             tito=env.get("POLAR_TITO") or "auto",
             tokenizer=env.get("POLAR_TOKENIZER") or None,
             worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",
             worker_connections=int(env.get("POLAR_GATEWAY_CONNECTIONS") or 4096),
-            lean_http=env.get("POLAR_GATEWAY_LEAN_HTTP", "1").lower() not in ("0", "false", "no"),
+            lean_http=_env_on("POLAR_GATEWAY_LEAN_HTTP"),
         )
         for k, v in overrides.items():
             if v is not None:
@@ -222,7 +227,7 @@ class PipelineSettings:
         s.node = env.get("POLAR_NODE") or s.node
         s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
         s.callback_token = env.get("POLAR_CALLBACK_TOKEN") or s.api_token
-        s.task_events = env.get("POLAR_TASK_EVENTS", "1").lower() not in ("0", "false", "no")
+        s.task_events = _env_on("POLAR_TASK_EVENTS")
         s.task_log = env.get("POLAR_TASK_LOG", "0").lower() in ("1", "true", "yes")
         for k, v in overrides.items():
             if v is not None:

@@ -163,8 +163,7 @@ class Handover:
 
     def give(self, steps: Iterator[tuple[str, Any]], handle: Any) -> bool:
         """Called by the reader: whether the writer took the steps (else read on)."""
-        can_idle = getattr(handle, "can_idle", None)
-        if can_idle is None or not can_idle():
+        if not handle.can_idle():
             return False
         with self._lock:
             if self._closed:
@@ -599,10 +598,8 @@ class Gateway:
             if item is None:
                 yield ping
             while True:
-                if taken:
+                if taken:  # the steps after their ("direct", _): the reader took that one
                     item = next_step(taken[0])
-                    while item[0] == "direct":
-                        item = next_step(taken[0])
                     if item[0] == "idle":
                         yield ping
                         continue

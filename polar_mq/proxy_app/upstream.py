@@ -121,8 +121,8 @@ class UpstreamStream:
         in one frame, as the queue to the writer gathered it when a reader thread ran ahead."""
         if self._ready:
             return True
-        arrived = getattr(self.resp, "arrived", None)
-        return arrived is not None and arrived()
+        resp = self.resp
+        return isinstance(resp, http11.Response) and resp.arrived()
 
     def _payloads(self) -> Iterator[bytes]:
         raw: Any = self.resp.raw  # urllib3's HTTPResponse or http11.Response: both have read1
