@@ -1,7 +1,14 @@
 """The floor under any Python gateway on this box: a gevent process that forwards a request's
 bytes to the upstream over a kept-alive connection and the answer's bytes back, and nothing
-else (no JSON, no translation, no record), optionally with two Redis round trips per call (what
-the gateway's admission and record cost at least: one small script before, one RPUSH after).
+else (no JSON, no translation, no record), optionally with Redis I/O per call:
+  * `--redis URL` (`--redis-mode trips`): two round trips, one small script before the upstream
+    request and one RPUSH after it, each answered before going on;
+  * `--redis-mode gateway`: the gateway's own Redis I/O and its order (core.Gateway, admission.py,
+    fastpath.ThenStore): an admission script that registers the call in flight and reads the pause
+    state, answered before the upstream request; then the record's MULTI (a chunk HSETNX, the
+    answer RPUSHed, the call out of flight) sent before the reply, its answer read after the
+    reply went out. What is left between this floor and the gateway is the gateway's own work
+    (parsing, translation, the record's encoding) and nothing the contract could drop.
 
 bench_gateway.py runs it as a reference series next to the gateway, so that the gateway's
 overhead can be read against what the extra hop itself costs on the same box in the same run.
@@ -33,6 +40,15 @@ def resp(*args: bytes) -> bytes:
 
 
 ADMIT = resp(b"EVAL", b"return redis.call('INCR', 'bare-proxy:n')", b"0")
+# --redis-mode gateway: the admission script's shape (in flight per session and per gateway, the
+# pause read) and the record's MULTI (admission.leave's exit in the same transaction).
+GATEWAY_ADMIT = resp(b"EVAL", b"redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) "
+                     b"redis.call('HINCRBY', KEYS[2], ARGV[3], 1) "
+                     b"return {1, redis.call('GET', KEYS[3]) or 0}",
+                     b"3", b"bare-proxy:inflight", b"bare-proxy:gw-inflight", b"bare-proxy:pause",
+                     b"call", b"0", b"gw")
+GATEWAY_LEAVE = (resp(b"HDEL", b"bare-proxy:inflight", b"call")
+                 + resp(b"HINCRBY", b"bare-proxy:gw-inflight", b"gw", b"-1") + resp(b"EXEC"))
 
 
 def read_message(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
@@ -53,9 +69,15 @@ def read_message(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
     return buf[:total], buf[total:]
 
 
-def redis_reply(sock: socket.socket) -> None:
-    data = sock.recv(65536)  # the bench's replies are one short line
-    if not data or data[:1] == b"-":
+def redis_reply(sock: socket.socket, lines: int = 1) -> None:
+    """Read a reply of `lines` CRLF-ended lines (the bench's replies are short)."""
+    data = b""
+    while data.count(b"\r\n") < lines:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise RuntimeError("redis closed the connection")
+        data += chunk
+    if data[:1] == b"-" or b"\r\n-" in data:
         raise RuntimeError(f"redis: {data!r}")
 
 
@@ -64,7 +86,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--redis")
+    ap.add_argument("--redis-mode", choices=("trips", "gateway"), default="trips")
     args = ap.parse_args()
+    gateway_io = args.redis_mode == "gateway"
     up = urlparse(args.upstream)
     rd = urlparse(args.redis) if args.redis else None
 
@@ -84,15 +108,21 @@ def main() -> None:
                     client.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                     continue
                 if store is not None:
-                    store.sendall(ADMIT)
-                    redis_reply(store)
+                    store.sendall(GATEWAY_ADMIT if gateway_io else ADMIT)
+                    redis_reply(store, 3 if gateway_io else 1)  # *2 :1 :pause, or :n
                 upstream.sendall(request)
                 answer = read_message(upstream, ubuf)
                 if answer is None:
                     return
                 reply, ubuf = answer
+                body = reply[reply.index(b"\r\n\r\n") + 4:]
+                if store is not None and gateway_io:
+                    store.sendall(resp(b"MULTI") + resp(b"HSETNX", b"bare-proxy:chunks", b"c", body[:256])
+                                  + resp(b"RPUSH", b"bare-proxy:answers", body) + GATEWAY_LEAVE)
+                    client.sendall(reply)
+                    redis_reply(store, 10)  # +OK, 4 +QUEUED, then EXEC: *4 and 4 integers
+                    continue
                 if store is not None:
-                    body = reply[reply.index(b"\r\n\r\n") + 4:]
                     store.sendall(resp(b"RPUSH", b"bare-proxy:answers", body))
                     redis_reply(store)
                 client.sendall(reply)

@@ -8,7 +8,8 @@ clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude 
     upstream cannot abort a request by id, stream plain calls internally so that they can abort
     them; the stand-in serves vLLM's dev-mode `/abort_requests`, as an RL deployment's vLLM does),
     and through the floor under any Python gateway here (bare_proxy.py: a gevent process that
-    forwards the bytes, alone and with two Redis round trips per call);
+    forwards the bytes: alone, with two Redis round trips per call, and with the gateway's own
+    Redis I/O in the gateway's order; with their CPU per call);
   * a real recorded Claude Code request (tests/replays/claude_code/anthropic.json, its ~82 KB
     third request: 26 tools, a tool result; sent non-streamed): the chat request the gateway
     would send (the Anthropic adapter's translation) direct vs the Anthropic request through
@@ -286,12 +287,17 @@ def main() -> int:
                 session = requests.post(f"{gateway}/sessions", headers=auth_headers(), json={}, timeout=5).json()
                 targets.append(Target(label, gateway, Cpu(procs[-1].pid), session["key"], session["session_id"]))
             floors: dict[str, str] = {}  # the floor under any Python gateway here (bare_proxy.py)
-            for name, extra_args in (("bare gevent proxy", []), ("bare proxy + 2 Redis trips", ["--redis", redis_server.url])):
+            floor_cpus: dict[str, Cpu] = {}  # its CPU per call: the kernel's share of each hop
+            for name, extra_args in (("bare gevent proxy", []),
+                                     ("bare proxy + 2 Redis trips", ["--redis", redis_server.url]),
+                                     ("bare proxy + the gateway's Redis I/O",
+                                      ["--redis", redis_server.url, "--redis-mode", "gateway"])):
                 fport = free_port()
                 procs.append(spawn([sys.executable, str(ROOT / "bench" / "bare_proxy.py"), "--port", str(fport),
                                     "--upstream", upstream, *extra_args], f"http://127.0.0.1:{fport}/",
                                    logs / f"bare{len(floors)}.log"))
                 floors[name] = f"http://127.0.0.1:{fport}/v1/chat/completions"
+                floor_cpus[f"small: floor, {name}"] = Cpu(procs[-1].pid)
         http = SdkSession()  # keep-alive and compact JSON, as SDK clients
         if args.hold:
             input(f"gateway worker pid(s) {[(t.label, [p.pid for p in t.cpu.workers()]) for t in targets]}; "
@@ -318,9 +324,10 @@ def main() -> int:
 
         def run(size: str, n: int, direct: Callable[[], requests.Response],
                 through: Callable[[Target], Callable[[], requests.Response]], what: str,
-                extra: dict[str, Callable[[], requests.Response]] | None = None) -> None:
+                extra: dict[str, Callable[[], requests.Response]] | None = None,
+                extra_cpus: dict[str, Cpu] | None = None) -> None:
             fns: dict[str, Callable[[], requests.Response]] = {f"{size}: upstream direct": direct, **(extra or {})}
-            cpus: dict[str, Cpu | None] = {}
+            cpus: dict[str, Cpu | None] = {**(extra_cpus or {})}
             for t in targets:
                 fns[f"{size}: {what} {t.label}"] = through(t)
                 cpus[f"{size}: {what} {t.label}"] = t.cpu
@@ -338,7 +345,7 @@ def main() -> int:
                 {"small: upstream direct streamed (reference)": lambda: http.post(direct_url, json={
                     **direct_body(small_chat), "stream": True, "stream_options": {"include_usage": True}}),
                  **{f"small: floor, {name}": (lambda u: lambda: http.post(u, json=direct_body(small_chat)))(url)
-                    for name, url in floors.items()}})
+                    for name, url in floors.items()}}, floor_cpus)
             run("replay 82KB", args.n_large, lambda: http.post(direct_url, json=replay_chat),
                 lambda t: lambda: http.post(f"{t.url}/v1/messages", json=replay_anthropic,
                                             headers={"anthropic-version": "2023-06-01", "x-api-key": t.key}),
@@ -452,6 +459,9 @@ def main() -> int:
         floor = rows["small: floor, bare proxy + 2 Redis trips"]["overhead_p50_ms"]
         row(f"small chat overhead p50 ms above the floor ({floor:+.2f}: bare proxy + 2 Redis trips)",
             [f"{get('small: gateway (openai chat)', t, 'overhead_p50_ms') - floor:+.2f}" for t in targets], "")
+        io_floor = rows["small: floor, bare proxy + the gateway's Redis I/O"]["overhead_p50_ms"]
+        row(f"small chat overhead p50 ms above the floor ({io_floor:+.2f}: bare proxy + the gateway's Redis I/O)",
+            [f"{get('small: gateway (openai chat)', t, 'overhead_p50_ms') - io_floor:+.2f}" for t in targets], "")
         row("small chat gateway CPU ms/call", [f"{get('small: gateway (openai chat)', t, 'cpu_ms_per_call'):.2f}"
                                                for t in targets], "")
         row("82 KB Claude Code overhead p50 ms", [f"{get('replay 82KB: gateway (anthropic)', t, 'overhead_p50_ms'):+.2f}"
