@@ -115,16 +115,18 @@ def main() -> None:
                 if answer is None:
                     return
                 reply, ubuf = answer
+                if store is None:
+                    client.sendall(reply)
+                    continue
                 body = reply[reply.index(b"\r\n\r\n") + 4:]
-                if store is not None and gateway_io:
+                if gateway_io:
                     store.sendall(resp(b"MULTI") + resp(b"HSETNX", b"bare-proxy:chunks", b"c", body[:256])
                                   + resp(b"RPUSH", b"bare-proxy:answers", body) + GATEWAY_LEAVE)
                     client.sendall(reply)
                     redis_reply(store, 10)  # +OK, 4 +QUEUED, then EXEC: *4 and 4 integers
                     continue
-                if store is not None:
-                    store.sendall(resp(b"RPUSH", b"bare-proxy:answers", body))
-                    redis_reply(store)
+                store.sendall(resp(b"RPUSH", b"bare-proxy:answers", body))
+                redis_reply(store)
                 client.sendall(reply)
         finally:
             upstream.close()
