@@ -243,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.set_defaults(func=_harness)
     from .top import add_command as add_top
     add_top(sub)
+    from .deploy.slurm import add_command as add_deploy
+    add_deploy(sub)
     from . import client_cli
     client_cli.add_commands(sub)
     return parser

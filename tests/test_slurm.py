@@ -1,0 +1,202 @@
+"""`polar-mq deploy slurm` on a real single-node Slurm (slurmctld + slurmd on this machine, munge
+for auth; scripts/slurm_single_node.sh sets it up, .ci/run installs slurm-wlm and munge).
+
+The end-to-end case deploys examples/slurm/single-node.yaml (ports moved to free ones) as Slurm
+jobs, runs a task of 8 sessions through them against the stand-in model server, checks that
+`status` lists the jobs and reports one killed by scancel, and that `stop` ends exactly the
+deployment's jobs while a job it did not start keeps running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from polar_mq.deploy.slurm_config import ConfigError, parse
+from polar_mq.embedded_redis import free_port
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a real Slurm needs root (slurmctld, slurmd, munged)")
+
+EXAMPLE = ROOT / "examples" / "slurm" / "single-node.yaml"
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    """A running single-node Slurm; a missing install is a failure, not a skip."""
+    out = subprocess.run([str(ROOT / "scripts" / "slurm_single_node.sh")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, f"single-node Slurm did not come up:\n{out.stdout}\n{out.stderr}"
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "polar_mq.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def squeue_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip() or "GONE"
+
+
+def status_lines(env: dict[str, str], config: Path) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """(`{"api": URL, "gateway": URL}`, `{job_id: (role, state)}`) from `deploy slurm status`."""
+    out = cli("deploy", "slurm", "status", "--config", str(config), env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    urls, jobs = {}, {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if parts[0] in ("api", "gateway"):
+            urls.setdefault(parts[0], parts[1])
+        else:
+            assert len(parts) == 3 and parts[0].isdigit(), line
+            jobs[parts[0]] = (parts[1], parts[2])
+    return urls, jobs
+
+
+def deploy_env(home: Path) -> dict[str, str]:
+    """The deploying user's environment: no token variables, a fresh $POLAR_HOME, so the token
+    comes from where `polar-mq token` finds it (the file) for the jobs and the client alike."""
+    env = {k: v for k, v in os.environ.items() if k not in ("POLAR_API_TOKEN", "POLAR_GATEWAY_TOKEN",
+                                                            "POLAR_REDIS_URL", "POLAR_API_URL")}
+    env["POLAR_HOME"] = str(home)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
+def test_config_errors_name_the_key():
+    good = yaml.safe_load(EXAMPLE.read_text())
+    dep = parse(good)
+    assert dep.sandbox == "bwrap" and dep.standin and set(dep.roles) == {"hub", "standin", "gateway", "init",
+                                                                          "run", "postrun"}
+    assert parse({"upstreams": ["http://gpu1:8000"]}).sandbox == "apptainer"  # the cluster default
+    for bad, key in ((dict(good, sandbox="kvm"), "sandbox"), (dict(good, roles={"hub": {"cpus": 0}}), "roles.hub.cpus"),
+                     (dict(good, roles={"web": {}}), "roles.web"), (dict(good, standin=False), "upstreams"),
+                     (dict(good, redis="mysql://x"), "redis"), (dict(good, name="a b"), "name")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            parse(bad)
+
+
+def test_dry_run_prints_scripts_and_submits_nothing(tmp_path, slurm):
+    env = deploy_env(tmp_path / "home")
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    out = cli("deploy", "slurm", "--config", str(EXAMPLE), "--dry-run", env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for role in ("hub", "standin", "gateway", "init", "run", "postrun"):
+        assert f"#SBATCH --job-name=pmq-single-node-{role}" in out.stdout
+        assert f"polar_mq.deploy.slurm_role {role} " in out.stdout
+    assert "--dependency=after:" in out.stdout and "backend: bwrap" in out.stdout
+    assert not (tmp_path / "home" / "slurm" / "single-node" / "deployment.json").exists()
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split() == before
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nroles: {hub: {cpus: many}}\nstandin: true\n")
+    out = cli("deploy", "slurm", "--config", str(bad), "--dry-run", env=env, timeout=60)
+    assert out.returncode == 2 and "roles.hub.cpus" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_role_fails_without_hub(tmp_path, slurm):
+    """A hub that cannot reach its Redis, and a gateway that never sees a hub, fail their jobs with
+    a line naming what was unreachable; they do not sit idle."""
+    env = deploy_env(tmp_path / "home")
+    dead = free_port()
+    cfg = tmp_path / "dead.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": f"dead{os.getpid()}", "sandbox": "local", "redis": f"redis://:pw@127.0.0.1:{dead}/0",
+        "upstreams": [f"http://127.0.0.1:{free_port()}"], "network": {"bind": "127.0.0.1", "advertise": "127.0.0.1"},
+        "preflight_timeout": 3, "roles": {"hub": {"api_port": 0}, "gateway": {"port": 0}},
+        "defaults": {"cpus": 1}}))
+    out = cli("deploy", "slurm", "--config", str(cfg), env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    try:
+        deadline, jobs = time.time() + 90, {}
+        while time.time() < deadline:
+            _, jobs = status_lines(env, cfg)
+            if {r: s for r, s in jobs.values()}.get("hub") == "FAILED" and \
+                    {r: s for r, s in jobs.values()}.get("gateway") == "FAILED":
+                break
+            time.sleep(1)
+        roles = {role: (jid, state) for jid, (role, state) in jobs.items()}
+        assert roles["hub"][1] == "FAILED" and roles["gateway"][1] == "FAILED", jobs
+        logs = tmp_path / "home" / "slurm" / f"dead{os.getpid()}" / "logs"
+        hub_log = (logs / f"hub-0-{roles['hub'][0]}.out").read_text()
+        assert f"cannot reach Redis at redis://***@127.0.0.1:{dead}/0" in hub_log and ":pw@" not in hub_log
+        assert "cannot reach the hub" in (logs / f"gateway-0-{roles['gateway'][0]}.out").read_text()
+    finally:
+        cli("deploy", "slurm", "stop", "--config", str(cfg), env=env, timeout=120)
+
+
+def test_deploy_slurm_end_to_end(tmp_path, slurm):
+    home = tmp_path / "home"
+    env = deploy_env(home)
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["name"] = f"e2e{os.getpid()}"
+    spec["roles"]["hub"].update(api_port=free_port(), redis_port=free_port())  # leave 8700 etc. to others
+    spec["roles"]["standin"]["port"] = free_port()
+    spec["roles"]["gateway"]["port"] = free_port()
+    config = tmp_path / "single-node.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    foreign = subprocess.run(["sbatch", "--parsable", "--job-name=not-polar", "--output=/dev/null",
+                              "--wrap", "sleep 600"], capture_output=True, text=True, check=True).stdout.strip()
+    ids: list[str] = []
+    try:
+        out = cli("deploy", "slurm", "--config", str(config), "--wait", "150", env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        record = json.loads((home / "slurm" / spec["name"] / "deployment.json").read_text())
+        ids = [j["job_id"] for j in record["jobs"]]
+        assert [j["role"] for j in record["jobs"]] == ["hub", "standin", "gateway", "init", "run", "postrun"]
+        urls, jobs = status_lines(env, config)
+        assert set(jobs) == set(ids) and foreign not in jobs
+        assert urls["api"] == f"http://127.0.0.1:{spec['roles']['hub']['api_port']}"
+        assert urls["gateway"] == f"http://127.0.0.1:{spec['roles']['gateway']['port']}"
+        # Every role's pool comes up (the workers' jobs start after the gateway's).
+        deadline = time.time() + 60
+        while time.time() < deadline and any(state != "RUNNING" for _, state in jobs.values()):
+            time.sleep(1)
+            urls, jobs = status_lines(env, config)
+        assert all(state == "RUNNING" for _, state in jobs.values()), jobs
+
+        # The token is where `polar-mq token` finds it for the deploying user.
+        token = cli("token", env=env, timeout=60).stdout.strip()
+        assert token and (home / "token").read_text().strip() == token
+        from polar_mq.client import Client
+
+        client = Client(url=urls["api"], token=token)
+        call = ("import json, os, urllib.request; req = urllib.request.Request("
+                "os.environ['OPENAI_BASE_URL'] + '/chat/completions', data=json.dumps({'model': 'policy', "
+                "'messages': [{'role': 'user', 'content': os.environ['POLAR_INSTRUCTION']}], 'max_tokens': 8})"
+                ".encode(), headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], "
+                "'content-type': 'application/json'}); print(urllib.request.urlopen(req, timeout=30).read()[:80])")
+        task = client.submit({"instruction": "say hi", "num_samples": 8, "timeout_seconds": 120,
+                              "agent": {"harness": "shell", "model": "policy",
+                                        "options": {"command": [sys.executable, "-c", call]}},
+                              "runtime": {"backend": spec["sandbox"]}})
+        done = client.wait(task["task_id"], timeout=150)
+        assert done["counts"] == {"COMPLETED": 8}, done
+        trajectories = client.results(task["task_id"])["trajectories"]
+        assert len(trajectories) == 8 and all(t["stats"]["calls"] == 1 for t in trajectories)
+
+        # A role killed by scancel is reported; the others keep running.
+        postrun = next(jid for jid, (role, _) in jobs.items() if role == "postrun")
+        subprocess.run(["scancel", postrun], check=True)
+        deadline = time.time() + 30
+        while time.time() < deadline and status_lines(env, config)[1][postrun][1] in ("RUNNING", "COMPLETING"):
+            time.sleep(0.5)
+        _, jobs = status_lines(env, config)
+        assert jobs[postrun] == ("postrun", "CANCELLED"), jobs
+        assert all(state == "RUNNING" for jid, (_, state) in jobs.items() if jid != postrun), jobs
+
+        # `stop` ends exactly the deployment's jobs.
+        out = cli("deploy", "slurm", "stop", "--config", str(config), env=env, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert all(squeue_state(jid) in ("CANCELLED", "GONE") for jid in ids), {j: squeue_state(j) for j in ids}
+        assert squeue_state(foreign) == "RUNNING"
+    finally:
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
+        subprocess.run(["scancel", foreign], capture_output=True)
