@@ -76,9 +76,12 @@ def test_config_errors_name_the_key():
     assert dep.sandbox == "bwrap" and dep.standin and set(dep.roles) == {"hub", "standin", "gateway", "init",
                                                                           "run", "postrun"}
     assert parse({"upstreams": ["http://gpu1:8000"]}).sandbox == "apptainer"  # the cluster default
+    assert parse({"upstream_jobs": [{"job": 42, "port": 8000}]}).upstream_jobs == [{"job": "42", "port": 8000}]
     for bad, key in ((dict(good, sandbox="kvm"), "sandbox"), (dict(good, roles={"hub": {"cpus": 0}}), "roles.hub.cpus"),
                      (dict(good, roles={"web": {}}), "roles.web"), (dict(good, standin=False), "upstreams"),
-                     (dict(good, redis="mysql://x"), "redis"), (dict(good, name="a b"), "name")):
+                     (dict(good, redis="mysql://x"), "redis"), (dict(good, name="a b"), "name"),
+                     (dict(good, upstream_jobs=[{"job": "x1"}]), "upstream_jobs"),
+                     (dict(good, upstreams=["http://gpu1:8000"]), "upstreams")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             parse(bad)
 
@@ -131,13 +134,36 @@ def test_role_fails_without_hub(tmp_path, slurm):
         cli("deploy", "slurm", "stop", "--config", str(cfg), env=env, timeout=120)
 
 
+def test_upstream_job_resolves_to_its_node(tmp_path, slurm):
+    """`upstream_jobs`: a gateway finds the vLLM server a Slurm job serves on its node (here a
+    stand-in model server started as a job), waiting while it starts; an ended job fails at once."""
+    from polar_mq.deploy.slurm_config import parse as parse_config
+    from polar_mq.deploy.slurm_role import RoleError, job_url, upstreams
+
+    port = free_port()
+    job = subprocess.run(["sbatch", "--parsable", "--job-name=vllm-standin", f"--output={tmp_path}/ms.out",
+                          "--wrap", f"exec {sys.executable} -m polar_mq.model_server --host 127.0.0.1 --port {port}"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+                         ).stdout.strip()
+    try:
+        dep = parse_config({"upstream_jobs": [{"job": int(job), "port": port}], "preflight_timeout": 60})
+        node = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        assert upstreams(tmp_path, dep, 60) == [f"http://{node}:{port}"]
+    finally:
+        subprocess.run(["scancel", job], check=True)
+    deadline = time.time() + 30
+    while squeue_state(job) not in ("CANCELLED", "GONE") and time.time() < deadline:
+        time.sleep(0.5)
+    with pytest.raises(RoleError, match=f"vLLM job {job} is CANCELLED"):
+        job_url(job, port)
+
+
 def test_deploy_slurm_end_to_end(tmp_path, slurm):
     home = tmp_path / "home"
     env = deploy_env(home)
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["name"] = f"e2e{os.getpid()}"
-    spec["roles"]["hub"].update(api_port=free_port(), redis_port=free_port())  # leave 8700 etc. to others
-    spec["roles"]["standin"]["port"] = free_port()
+    spec["roles"]["hub"]["api_port"] = free_port()  # leave 8700 and 8600 to whoever else uses them
     spec["roles"]["gateway"]["port"] = free_port()
     config = tmp_path / "single-node.yaml"
     config.write_text(yaml.safe_dump(spec))

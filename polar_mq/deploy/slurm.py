@@ -128,8 +128,9 @@ def render_script(dep: Deployment, job: Job, state: Path, python: str, env: dict
 def task_template(dep: Deployment) -> str:
     """A TaskRequest template for `polar-mq submit --template`: the sandbox these nodes use."""
     backend = dep.sandbox
-    image = {"apptainer": "docker://python:3.11-slim", "docker": "python:3.11-slim"}.get(backend)
-    runtime = f"  backend: {backend}\n" + (f"  image: {image}\n" if image else "")
+    image = {"apptainer": "docker://node:20-slim", "docker": "node:20-slim"}.get(backend)
+    runtime = f"  backend: {backend}\n" + (f"  image: {image}  # the harness CLIs need node; add your task's tools\n"
+                                           if image else "")
     return ("# Written by `polar-mq deploy slurm`: the sandbox backend of this deployment's nodes.\n"
             "# Use: polar-mq submit --dataset rows.jsonl --template THIS_FILE\n"
             "num_samples: 8\ntimeout_seconds: 1800\n"
@@ -252,6 +253,8 @@ def deploy(config: str, *, dry_run: bool = False, wait: float = 0.0, out: Any = 
             path = state / "scripts" / f"{job.label}.sbatch"
             path.write_text(scripts[job.label])
             after = [i for r in AFTER[job.role] for i in ids.get(r, [])]
+            if job.role == "gateway":  # the vLLM jobs named in upstream_jobs
+                after += [u["job"] for u in dep.upstream_jobs]
             argv = [sbatch, "--parsable", *([f"--dependency=after:{':'.join(after)}"] if after else []), str(path)]
             res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             if res.returncode != 0:

@@ -7,6 +7,7 @@ A YAML mapping (docs/deployment.md, "Slurm"; examples/slurm/*.yaml)::
     redis: hub                    # `hub`: the hub job runs redis-server with a generated password;
                                   # or the URL of a Redis every node can reach
     upstreams: [http://gpu1:8000] # vLLM server roots; or `standin: true` (a stand-in model server job)
+    upstream_jobs: [{job: 4242, port: 8000}]   # or: the Slurm jobs that serve vLLM (their node, that port)
     network: {bind: 0.0.0.0, advertise: hostname}   # what services listen on / the address others use
     defaults: {partition: P, cpus: 1, mem: 2G, time: "7-00:00:00"}
     roles:
@@ -78,6 +79,7 @@ class Deployment:
     env: dict[str, str]
     preflight_timeout: float
     python: str | None = None
+    upstream_jobs: list[dict[str, Any]] = field(default_factory=list)  # {"job": "4242", "port": 8000}
 
     @property
     def hub_redis(self) -> bool:
@@ -155,7 +157,7 @@ def parse(data: Any, *, source: str = "config") -> Deployment:
     """Check a loaded YAML document and fill the defaults."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a YAML mapping at the top level")
-    known = {"name", "sandbox", "redis", "upstreams", "standin", "network", "defaults", "roles", "env",
+    known = {"name", "sandbox", "redis", "upstreams", "upstream_jobs", "standin", "network", "defaults", "roles", "env",
              "preflight_timeout", "python"}
     for key in data:
         if key not in known:
@@ -181,10 +183,20 @@ def parse(data: Any, *, source: str = "config") -> Deployment:
     standin = data.get("standin", False)
     if not isinstance(standin, bool):
         raise ConfigError("standin: expected true or false")
-    if not upstreams and not standin:
-        raise ConfigError("upstreams: give the vLLM servers' roots, or `standin: true` for the stand-in model server")
-    if upstreams and standin:
-        raise ConfigError("standin: true and upstreams exclude each other")
+    raw_jobs = data.get("upstream_jobs") or []
+    if not isinstance(raw_jobs, list):
+        raise ConfigError("upstream_jobs: expected a list of {job: ID, port: PORT}")
+    upstream_jobs = []
+    for i, item in enumerate(raw_jobs):
+        if not isinstance(item, dict) or set(item) - {"job", "port"} or "job" not in item:
+            raise ConfigError(f"upstream_jobs[{i}]: expected {{job: ID, port: PORT}}")
+        job = _str(item["job"], f"upstream_jobs[{i}].job")
+        if not job.isdigit():
+            raise ConfigError(f"upstream_jobs[{i}].job: {job!r} is not a Slurm job id")
+        upstream_jobs.append({"job": job, "port": _int(item.get("port", 8000), f"upstream_jobs[{i}].port", 1)})
+    if sum(map(bool, (upstreams, upstream_jobs, standin))) != 1:
+        raise ConfigError("upstreams: give exactly one of the vLLM servers' roots (upstreams), the Slurm jobs "
+                          "that serve them (upstream_jobs), or `standin: true` for the stand-in model server")
     network = _mapping(data.get("network"), "network")
     for key in network:
         if key not in ("bind", "advertise"):
@@ -222,7 +234,7 @@ def parse(data: Any, *, source: str = "config") -> Deployment:
                       bind=_str(network.get("bind", "0.0.0.0"), "network.bind"),
                       advertise=_str(network.get("advertise", "hostname"), "network.advertise"),
                       roles=roles, env={str(k): _str(v, f"env.{k}") for k, v in env.items()},
-                      preflight_timeout=float(timeout),
+                      preflight_timeout=float(timeout), upstream_jobs=upstream_jobs,
                       python=_str(python, "python") if python is not None else None)
 
 

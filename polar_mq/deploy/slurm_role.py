@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,6 +77,8 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, hint: str = ""
             value = probe()
             if value:
                 return value
+        except RoleError:
+            raise  # known for good (a job that ended): no point waiting
         except Exception as exc:  # noqa: BLE001 — any failure of a probe is "not reachable yet"
             last = f"{type(exc).__name__}: {exc}"
         if time.time() >= deadline:
@@ -194,11 +197,34 @@ def upstreams(state: Path, dep: Deployment, timeout: float) -> list[str]:
 
         urls: list[str] = wait_for("the stand-in model server (run/standin-*.json)", found, timeout,
                                    f" — see the standin job's log under {state}/logs/")
+    elif dep.upstream_jobs:
+        urls = []
+        for up in dep.upstream_jobs:
+            jid, port = str(up["job"]), int(up["port"])
+            urls.append(wait_for(f"the vLLM job {jid}", partial(job_url, jid, port), timeout,
+                                 f" — is job {jid} running?"))
     else:
         urls = list(dep.upstreams)
     for url in urls:
-        wait_for(f"the upstream {url}", lambda u=url: http_ok(f"{u}/v1/models"), timeout)  # type: ignore[misc]
+        wait_for(f"the upstream {url}", partial(http_ok, f"{url}/v1/models"), timeout)
     return urls
+
+
+def job_url(job_id: str, port: int) -> str | None:
+    """`http://NODE:PORT` of a running Slurm job (its first node); None while it is pending;
+    RoleError once it has ended."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%N"], capture_output=True,
+                         text=True, timeout=30)
+    state, _, nodes = out.stdout.strip().partition("|")
+    if state == "RUNNING" and nodes:
+        first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
+                               timeout=30).stdout.split()
+        return f"http://{(first or [nodes])[0]}:{port}"
+    if state in ("", "PENDING", "CONFIGURING"):
+        if not state and out.returncode != 0:
+            raise RoleError(f"Slurm does not know job {job_id}: {out.stderr.strip()}")
+        return None
+    raise RoleError(f"the vLLM job {job_id} is {state}")
 
 
 def local_gateway(state: Path, timeout: float) -> str:
