@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .slurm_config import ConfigError, Deployment, Role, load
+from .slurm_config import ConfigError, Deployment, Role, expand_hostlist, load
 
 STATE_FILE = "deployment.json"
 SUBMIT_ORDER = ("hub", "standin", "gateway", "init", "run", "postrun")
@@ -72,18 +72,7 @@ def _tool(name: str) -> str:
     return found
 
 
-def expand_nodes(nodelist: str, *, resolve: bool = True) -> list[str]:
-    """`gpu[1-2],head` → its host names (`scontrol show hostnames`); the list as written when
-    scontrol is not at hand (--dry-run away from the cluster)."""
-    if resolve and shutil.which("scontrol"):
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()
-    return [n for n in nodelist.split(",") if n]
-
-
-def plan(dep: Deployment, *, resolve: bool = True) -> list[Job]:
+def plan(dep: Deployment) -> list[Job]:
     """Every job of the deployment, in submission order. A role with a `nodelist` gets one job
     per node (a gateway and a run pool on each run node); else `count` jobs."""
     jobs: list[Job] = []
@@ -94,7 +83,7 @@ def plan(dep: Deployment, *, resolve: bool = True) -> list[Job]:
         if name == "hub":
             jobs.append(Job(name, 0, role.nodelist))
         elif role.nodelist:
-            jobs += [Job(name, i, node) for i, node in enumerate(expand_nodes(role.nodelist, resolve=resolve))]
+            jobs += [Job(name, i, node) for i, node in enumerate(expand_hostlist(role.nodelist))]
         else:
             jobs += [Job(name, i) for i in range(role.count)]
     return jobs
@@ -214,12 +203,14 @@ def deploy(config: str, *, dry_run: bool = False, wait: float = 0.0, out: Any = 
     state = state_dir(dep.name)
     python = dep.python or sys.executable
     env = _role_env(dep)
-    jobs = plan(dep, resolve=not dry_run)
+    jobs = plan(dep)
     scripts = {job.label: render_script(dep, job, state, python, env) for job in jobs}
     if dry_run:
         print(f"# deployment {dep.name}: state dir {state} (nothing submitted: --dry-run)", file=out)
         for job in jobs:
             after = [f"<{r} job ids>" for r in AFTER[job.role] if r in dep.roles]
+            if job.role == "gateway":
+                after += [u["job"] for u in dep.upstream_jobs]
             dep_opt = f" --dependency=after:{':'.join(after)}" if after else ""
             print(f"\n# ---- {job.label}: sbatch --parsable{dep_opt} {state}/scripts/{job.label}.sbatch", file=out)
             print(scripts[job.label], end="", file=out)

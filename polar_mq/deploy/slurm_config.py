@@ -220,7 +220,10 @@ def parse(data: Any, *, source: str = "config") -> Deployment:
             run_spec = _mapping(specs.get("run"), "roles.run")
             spec = {**{k: run_spec[k] for k in ("partition", "nodelist", "count") if k in run_spec}, **spec}
         roles[role_name] = _role(role_name, spec, defaults)
-    if roles["hub"].nodelist and "," in roles["hub"].nodelist:
+    for role in roles.values():
+        if role.nodelist:
+            expand_hostlist(role.nodelist)  # a host list that cannot be read fails here, not in sbatch
+    if roles["hub"].nodelist and len(expand_hostlist(roles["hub"].nodelist)) != 1:
         raise ConfigError("roles.hub.nodelist: the hub runs on one node")
     env = _mapping(data.get("env"), "env")
     for k, v in env.items():
@@ -236,6 +239,33 @@ def parse(data: Any, *, source: str = "config") -> Deployment:
                       roles=roles, env={str(k): _str(v, f"env.{k}") for k, v in env.items()},
                       preflight_timeout=float(timeout), upstream_jobs=upstream_jobs,
                       python=_str(python, "python") if python is not None else None)
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Slurm's host list syntax, as `scontrol show hostnames` expands it: `gpu-[001-003,7],head`
+    → gpu-001 gpu-002 gpu-003 gpu-7 head (zero padding kept; several bracket groups multiply)."""
+    names: list[str] = []
+    depth, start = 0, 0
+    parts = []
+    for i, ch in enumerate(nodelist + ","):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(nodelist[start:i].strip())
+            start = i + 1
+    for part in filter(None, parts):
+        match = re.search(r"\[([^\]]*)\]", part)
+        if not match:
+            names.append(part)
+            continue
+        head, tail = part[:match.start()], part[match.end():]
+        for item in match.group(1).split(","):
+            lo, _, hi = item.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ConfigError(f"nodelist: cannot read {part!r}")
+            for n in range(int(lo), int(hi or lo) + 1):
+                names += expand_hostlist(f"{head}{str(n).zfill(len(lo))}{tail}")
+    return names
 
 
 def load(path: str | Path) -> Deployment:

@@ -56,6 +56,11 @@ def pick_port(dep: Deployment, port: int) -> int:
         return int(s.getsockname()[1])
 
 
+def node_name() -> str:
+    """This node's Slurm name (what a nodelist says), else its hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def publish(state: Path, name: str, data: dict[str, Any]) -> None:
     """Write `state/run/<name>.json` atomically, mode 0600."""
     run = state / RUN
@@ -230,7 +235,7 @@ def job_url(job_id: str, port: int) -> str | None:
 def local_gateway(state: Path, timeout: float) -> str:
     """A gateway's URL: the one on this node when there is one, else any (all share the hub's
     Redis, so every gateway serves every session)."""
-    me = socket.gethostname()
+    me = node_name()
 
     def found() -> str | None:
         gws = [d for d in (read_json(p) for p in sorted((state / RUN).glob("gateway-*.json"))) if d]
@@ -292,7 +297,7 @@ def run_role(role: str, state: Path, index: int) -> int:
             else:
                 redis_url = dep.redis
                 wait_for(f"Redis at {_redact(redis_url)}", lambda: ping_redis(redis_url), timeout)
-            publish(state, "hub", {"redis_url": redis_url, "node": socket.gethostname(), "job_id": job})
+            publish(state, "hub", {"redis_url": redis_url, "node": node_name(), "job_id": job})
             say("hub", f"Redis {_redact(redis_url)} up; waiting for a gateway before the API")
             gateway = local_gateway(state, timeout)
             api_port = pick_port(dep, spec.port)
@@ -300,7 +305,7 @@ def run_role(role: str, state: Path, index: int) -> int:
                        {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway})
             api_url = f"http://{addr}:{api_port}"
             kids.wait_http(f"{api_url}/health", timeout)
-            publish(state, "hub", {"redis_url": redis_url, "api_url": api_url, "node": socket.gethostname(),
+            publish(state, "hub", {"redis_url": redis_url, "api_url": api_url, "node": node_name(),
                                    "job_id": job})
             say("hub", f"API {api_url} up")
         elif role == "standin":
@@ -309,7 +314,7 @@ def run_role(role: str, state: Path, index: int) -> int:
                                         *spec.args], {})
             url = f"http://{addr}:{port}"
             kids.wait_http(f"{url}/health", timeout)
-            publish(state, f"standin-{index}", {"url": url, "node": socket.gethostname(), "job_id": job})
+            publish(state, f"standin-{index}", {"url": url, "node": node_name(), "job_id": job})
             say("standin", f"stand-in model server {url} up")
         elif role == "gateway":
             redis_url = hub_redis(state, dep, timeout)
@@ -321,7 +326,7 @@ def run_role(role: str, state: Path, index: int) -> int:
                 argv += ["--upstream", u]
             kids.start("gateway", argv + spec.args, {"POLAR_REDIS_URL": redis_url})
             kids.wait_http(f"{url}/health", timeout)
-            publish(state, f"gateway-{index}", {"url": url, "node": socket.gethostname(), "job_id": job})
+            publish(state, f"gateway-{index}", {"url": url, "node": node_name(), "job_id": job})
             say("gateway", f"gateway {url} up (upstreams {', '.join(ups)})")
         else:
             raise RoleError(f"unknown role {role!r}")
