@@ -239,11 +239,27 @@ def test_deploy_slurm_end_to_end(tmp_path, slurm):
         _, jobs = status_lines(env, config)
         assert jobs[postrun] == ("postrun", "CANCELLED"), jobs
         assert all(state == "RUNNING" for jid, (_, state) in jobs.items() if jid != postrun), jobs
+        assert client.status(task["task_id"])["counts"] == {"COMPLETED": 8}  # the hub still answers
+
+        # A service that dies inside its job fails the job (the role runner watches it).
+        standin_url = json.loads((home / "slurm" / spec["name"] / "run" / "standin-0.json").read_text())["url"]
+        pid = subprocess.run(["pgrep", "-f", f"polar_mq.model_server --host 127.0.0.1 --port "
+                              f"{standin_url.rsplit(':', 1)[1]}"], capture_output=True, text=True).stdout.split()
+        assert len(pid) == 1, pid
+        os.kill(int(pid[0]), 9)
+        standin = next(jid for jid, (role, _) in jobs.items() if role == "standin")
+        deadline = time.time() + 30
+        while time.time() < deadline and status_lines(env, config)[1][standin][1] in ("RUNNING", "COMPLETING"):
+            time.sleep(0.5)
+        assert status_lines(env, config)[1][standin] == ("standin", "FAILED")
+        log = (home / "slurm" / spec["name"] / "logs" / f"standin-0-{standin}.out").read_text()
+        assert "FAILED: model-server exited with -9" in log, log[-2000:]
 
         # `stop` ends exactly the deployment's jobs.
         out = cli("deploy", "slurm", "stop", "--config", str(config), env=env, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert all(squeue_state(jid) in ("CANCELLED", "GONE") for jid in ids), {j: squeue_state(j) for j in ids}
+        ended = {jid: squeue_state(jid) for jid in ids}
+        assert ended == {jid: {standin: "FAILED"}.get(jid, "CANCELLED") for jid in ids}, ended
         assert squeue_state(foreign) == "RUNNING"
     finally:
         if ids:
