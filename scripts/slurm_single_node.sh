@@ -15,10 +15,12 @@ STATE=${SLURM_STATE:-/var/spool/polar-slurm}
 CONF=/etc/slurm/slurm.conf
 HOST=$(hostname -s)
 
-stop() {
+stop() {  # and wait until they are gone, so a restart can bind their ports again
   for pidfile in "$STATE/slurmd.pid" "$STATE/slurmctld.pid"; do
     if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-      kill "$(cat "$pidfile")"
+      pid=$(cat "$pidfile")
+      kill "$pid"
+      for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi
   done
 }
@@ -92,7 +94,7 @@ changed=0
 if ! cmp -s "$CONF.new" "$CONF"; then mv "$CONF.new" "$CONF"; changed=1; else rm -f "$CONF.new"; fi
 
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-if [ $changed = 1 ]; then stop; sleep 1; fi
+if [ $changed = 1 ]; then stop; fi
 fail() { echo "slurm_single_node.sh: $1 did not start:" >&2; tail -5 "$STATE/$1.log" >&2; exit 1; }
 running "$STATE/slurmctld.pid" || slurmctld || fail slurmctld
 running "$STATE/slurmd.pid" || slurmd || fail slurmd

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,14 +27,19 @@ EXAMPLE = ROOT / "examples" / "slurm" / "single-node.yaml"
 
 
 @pytest.fixture(scope="module")
-def slurm() -> None:
+def slurm():
     """A running single-node Slurm; a missing install is a failure, not a skip (only a machine
     where this test cannot be root skips: slurmctld, slurmd and munged need it)."""
     if os.geteuid() != 0:
         pytest.skip("a real single-node Slurm needs root (slurmctld, slurmd, munged)")
-    out = subprocess.run([str(ROOT / "scripts" / "slurm_single_node.sh")], capture_output=True, text=True,
-                         timeout=120)
+    script = str(ROOT / "scripts" / "slurm_single_node.sh")
+    was_up = shutil.which("sinfo") is not None and subprocess.run(
+        ["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+    out = subprocess.run([script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"single-node Slurm did not come up:\n{out.stdout}\n{out.stderr}"
+    yield
+    if not was_up:  # leave the machine as it was: a Slurm this test started stops with it
+        subprocess.run([script, "stop"], capture_output=True, timeout=60)
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
