@@ -134,7 +134,10 @@ class Children:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
-        self.stopping = True
+        """scancel's SIGTERM: leave whatever is running (a preflight wait too) and stop the children."""
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         say(self.role, f"starting {name}: {' '.join(a for a in argv if '://' not in a or '@' not in a)}")
