@@ -87,6 +87,7 @@ def _model_server(args: argparse.Namespace) -> int:
     return model_server_main(args.rest)
 
 
+
 # The pool size of each stage when none is given: `polar-mq up`, `polar-mq worker` and the
 # workers/<stage>.py entry points all start from these (run: the run slots).
 STAGE_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}
@@ -160,6 +161,13 @@ def _gc(args: argparse.Namespace) -> int:
                           delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run, gw=gw)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
     return 0
+
+
+# Sub-commands whose arguments belong to another module's own parser: everything after the name
+# goes there untouched (argparse's REMAINDER refuses a first argument that looks like an option,
+# so `polar-mq model-server --port 8000` and `--help` failed). Guarded by tests/test_cli_newcomer.py.
+PASS_THROUGH: dict[str, Callable[[argparse.Namespace], int]] = {"model-server": _model_server,
+                                                                "harness": _harness}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,8 +256,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pass_through(argv: list[str]) -> argparse.Namespace | None:
+    """`[-v] model-server|harness ARGS...` → a namespace with `rest` = ARGS, else None."""
+    lead = 0
+    while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
+        lead += 1
+    if lead < len(argv) and argv[lead] in PASS_THROUGH:
+        return argparse.Namespace(verbose=lead > 0, command=argv[lead], rest=argv[lead + 1:],
+                                  func=PASS_THROUGH[argv[lead]])
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _pass_through(argv) or build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "urllib3", "google_genai"):
