@@ -19,12 +19,16 @@ from pathlib import Path
 
 import requests
 
-from . import tokens
+from . import preflight, tokens
 from .cli import STAGE_CONCURRENCY
 from .embedded_redis import ensure_redis, free_port
 from .logcap import RotatingLog, pump
 from .settings import TokenSettings
 from .tasks.routing import QUEUES
+
+
+class PortsTaken(RuntimeError):
+    """A port `launch` was asked to bind is taken; nothing was started."""
 
 
 @dataclass
@@ -148,6 +152,12 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     binds to `host` (loopback by default); the children get the token through their settings
     (POLAR_API_TOKEN / POLAR_GATEWAY_TOKEN in their environment, never a sandbox's). Flower asks
     for HTTP basic auth: user ``polar``, the token as password. `dev` serves everything open."""
+    ports = {"api": api_port, "gateway": gateway_port}
+    if flower and importlib.util.find_spec("flower") is not None:
+        ports["flower"] = flower_port
+    problems = preflight.taken(host, ports)
+    if problems:  # before anything starts (tests/test_cli_newcomer.py)
+        raise PortsTaken("; ".join(problems))
     py = sys.executable
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
                    time.strftime("%Y%m%d-%H%M%S"))
@@ -205,12 +215,29 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
 
 
 def main(args: argparse.Namespace) -> int:
-    stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
-                   flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
-                   concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
-                   flower=not args.no_flower, dev=args.dev)
+    from .settings import polar_home
+
+    home = polar_home()
+    running = preflight.running_deployment(home)
+    if running:
+        print(f"polar-mq up: a deployment from {home} is already running (pid {running['pid']}, API "
+              f"{running.get('api_url')}); stop it first, or give this one its own POLAR_HOME",
+              file=sys.stderr, flush=True)
+        return 1
+    try:
+        stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
+                       flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
+                       concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
+                       flower=not args.no_flower, dev=args.dev)
+    except PortsTaken as exc:
+        print(f"polar-mq up: {exc}; nothing was started (choose others with --api-port, "
+              f"--gateway-port, --flower-port)", file=sys.stderr, flush=True)
+        return 1
+    preflight.write_record(home, api_url=stack.api_url, gateway_url=stack.gateway_url,
+                           log_dir=str(stack.log_dir))
     try:
         print("polar_mq is up\n" + stack.describe(), flush=True)
         return stack.supervisor.watch()
     finally:
         stack.stop()
+        preflight.remove_record(home)

@@ -82,3 +82,41 @@ def _listening_socket() -> tuple[socket.socket, int]:
     s.bind(("127.0.0.1", 0))
     s.listen(1)
     return s, s.getsockname()[1]
+
+
+def test_up_refuses_a_taken_port_before_starting_anything(tmp_path):
+    held, port = _listening_socket()
+    try:
+        r = run_cli("up", "--api-port", str(port), "--no-flower", timeout=60,
+                    env={"POLAR_LOG_DIR": str(tmp_path / "logs")})
+    finally:
+        held.close()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "is up" not in r.stdout + r.stderr
+    assert f"port {port} (api) on 127.0.0.1 is taken by pid {os.getpid()}" in r.stderr, r.stderr
+    assert not (tmp_path / "logs").exists()  # nothing started (the log dir is made by the first start)
+
+
+def test_up_refuses_a_second_deployment_on_its_home(tmp_path):
+    from polar_mq import preflight
+
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / preflight.RECORD).write_text(json.dumps({"pid": live.pid, "api_url": "http://127.0.0.1:1"}))
+        r = run_cli("up", "--no-flower", env={"POLAR_HOME": str(tmp_path), "POLAR_LOG_DIR": str(tmp_path / "logs")})
+        assert r.returncode == 1 and "is up" not in r.stdout
+        assert f"already running (pid {live.pid}, API http://127.0.0.1:1)" in r.stderr, r.stderr
+    finally:
+        live.kill()
+        live.wait()
+    assert preflight.running_deployment(tmp_path) is None  # its process is gone: a stale record
+
+
+def test_taken_port_holder_from_proc():
+    from polar_mq import preflight
+
+    held, port = _listening_socket()
+    with held:
+        assert preflight.is_taken("127.0.0.1", port)
+        assert (preflight.holder(port) or "").startswith(f"pid {os.getpid()} (")
+    assert not preflight.is_taken("127.0.0.1", port)

@@ -1,0 +1,116 @@
+"""Checks `polar-mq up` makes before it starts anything: which of the ports it will bind are
+taken, and by what; and whether a deployment from the same $POLAR_HOME is already running.
+
+A second `polar-mq up` on taken ports used to start everything, find the first deployment's
+services answering its health checks, print "polar_mq is up", and only then die with the API's
+bind error. Checking before anything starts gives one clear message naming the port and, when
+this user may see it, the process that holds it. Guarded by tests/test_cli_newcomer.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+
+
+def is_taken(host: str, port: int) -> bool:
+    """True when binding (host, port) fails with EADDRINUSE. SO_REUSEADDR as gunicorn and werkzeug
+    set it, so connections in TIME_WAIT left by a stopped deployment do not count as taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def holder(port: int) -> str | None:
+    """'pid N (command line)' of a process listening on `port`, when /proc lets this user see it
+    (its own processes; every process as root); else None."""
+    inodes = {f"socket:[{i}]" for i in _listening_inodes(port)}
+    if not inodes:
+        return None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if not any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        return f"pid {pid} ({cmd.strip()[:160]})"
+    return None
+
+
+def taken(host: str, ports: dict[str, int]) -> list[str]:
+    """One line per port in `ports` ({role: port}) that cannot be bound on `host`."""
+    problems = []
+    for role, port in ports.items():
+        if port and is_taken(host, port):
+            who = holder(port)
+            problems.append(f"port {port} ({role}) on {host} is taken"
+                            + (f" by {who}" if who else " (by a process this user cannot see)"))
+    return problems
+
+
+RECORD = "up.json"  # in $POLAR_HOME while a `polar-mq up` (or `demo --keep`) runs from it
+
+
+def running_deployment(home: Path) -> dict[str, Any] | None:
+    """The record of a live deployment started from `home` ({"pid", "api_url", ...}), else None;
+    a record whose process is gone (a killed supervisor) is stale and ignored."""
+    try:
+        record: dict[str, Any] = json.loads((home / RECORD).read_text())
+        pid = int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return record
+
+
+def write_record(home: Path, **fields: Any) -> Path:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / RECORD
+    path.write_text(json.dumps({"pid": os.getpid(), **fields}))
+    return path
+
+
+def remove_record(home: Path) -> None:
+    """Remove the record when it is this process's (never another live deployment's)."""
+    path = home / RECORD
+    try:
+        if int(json.loads(path.read_text())["pid"]) == os.getpid():
+            path.unlink()
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
