@@ -26,6 +26,7 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
+from . import causes
 from .cancel_watch import CancelWatch
 from .routing import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
@@ -97,7 +98,11 @@ def stage(*accepts: str):
                                          store=FencedStore(ctx.store, session_id, lease.token,
                                                            on_release=lease.released),
                                          node=ctx.node)
-                    return body(local, rec, task, lease)
+                    try:
+                        return body(local, rec, task, lease)
+                    except Exception as exc:  # the janitor retries; give_up reports it
+                        causes.remember(ctx.store, session_id, exc)
+                        raise
             finally:
                 handoff.flush()
         return run
