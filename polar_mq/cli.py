@@ -129,9 +129,14 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from .up import main as up_main
+    from .up import PortsTaken, main as up_main
 
-    return up_main(args)
+    try:
+        return up_main(args)
+    except PortsTaken as exc:  # raised before anything started (tests/test_cli_newcomer.py)
+        print(f"polar-mq up: {exc}; nothing was started (choose others with --api-port, "
+              f"--gateway-port, --flower-port)", file=sys.stderr, flush=True)
+        return 1
 
 
 def _demo(args: argparse.Namespace) -> int:

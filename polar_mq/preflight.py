@@ -1,5 +1,5 @@
-"""Checks `polar-mq up` makes before it starts anything: which of the ports it will bind are
-taken, and by what; and whether a deployment from the same $POLAR_HOME is already running.
+"""The check `polar-mq up` makes before it starts anything: which of the ports it will bind are
+taken, and by what.
 
 A second `polar-mq up` on taken ports used to start everything, find the first deployment's
 services answering its health checks, print "polar_mq is up", and only then die with the API's
@@ -10,11 +10,9 @@ this user may see it, the process that holds it. Guarded by tests/test_cli_newco
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 
@@ -76,41 +74,3 @@ def taken(host: str, ports: dict[str, int]) -> list[str]:
                             + (f" by {who}" if who else " (by a process this user cannot see)"))
     return problems
 
-
-RECORD = "up.json"  # in $POLAR_HOME while a `polar-mq up` (or `demo --keep`) runs from it
-
-
-def running_deployment(home: Path) -> dict[str, Any] | None:
-    """The record of a live deployment started from `home` ({"pid", "api_url", ...}), else None;
-    a record whose process is gone (a killed supervisor) is stale and ignored."""
-    try:
-        record: dict[str, Any] = json.loads((home / RECORD).read_text())
-        pid = int(record["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, another user's
-    return record
-
-
-def write_record(home: Path, **fields: Any) -> Path:
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = home / RECORD
-    path.write_text(json.dumps({"pid": os.getpid(), **fields}))
-    return path
-
-
-def remove_record(home: Path) -> None:
-    """Remove the record when it is this process's (never another live deployment's)."""
-    path = home / RECORD
-    try:
-        if int(json.loads(path.read_text())["pid"]) == os.getpid():
-            path.unlink()
-    except (OSError, ValueError, KeyError, TypeError):
-        pass

@@ -215,29 +215,12 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
 
 
 def main(args: argparse.Namespace) -> int:
-    from .settings import polar_home
-
-    home = polar_home()
-    running = preflight.running_deployment(home)
-    if running:
-        print(f"polar-mq up: a deployment from {home} is already running (pid {running['pid']}, API "
-              f"{running.get('api_url')}); stop it first, or give this one its own POLAR_HOME",
-              file=sys.stderr, flush=True)
-        return 1
-    try:
-        stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
-                       flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
-                       concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
-                       flower=not args.no_flower, dev=args.dev)
-    except PortsTaken as exc:
-        print(f"polar-mq up: {exc}; nothing was started (choose others with --api-port, "
-              f"--gateway-port, --flower-port)", file=sys.stderr, flush=True)
-        return 1
-    preflight.write_record(home, api_url=stack.api_url, gateway_url=stack.gateway_url,
-                           log_dir=str(stack.log_dir))
+    stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
+                   flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
+                   concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
+                   flower=not args.no_flower, dev=args.dev)
     try:
         print("polar_mq is up\n" + stack.describe(), flush=True)
         return stack.supervisor.watch()
     finally:
         stack.stop()
-        preflight.remove_record(home)

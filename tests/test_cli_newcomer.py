@@ -97,21 +97,6 @@ def test_up_refuses_a_taken_port_before_starting_anything(tmp_path):
     assert not (tmp_path / "logs").exists()  # nothing started (the log dir is made by the first start)
 
 
-def test_up_refuses_a_second_deployment_on_its_home(tmp_path):
-    from polar_mq import preflight
-
-    live = subprocess.Popen(["sleep", "60"])
-    try:
-        (tmp_path / preflight.RECORD).write_text(json.dumps({"pid": live.pid, "api_url": "http://127.0.0.1:1"}))
-        r = run_cli("up", "--no-flower", env={"POLAR_HOME": str(tmp_path), "POLAR_LOG_DIR": str(tmp_path / "logs")})
-        assert r.returncode == 1 and "is up" not in r.stdout
-        assert f"already running (pid {live.pid}, API http://127.0.0.1:1)" in r.stderr, r.stderr
-    finally:
-        live.kill()
-        live.wait()
-    assert preflight.running_deployment(tmp_path) is None  # its process is gone: a stale record
-
-
 def test_taken_port_holder_from_proc():
     from polar_mq import preflight
 
