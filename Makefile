@@ -12,8 +12,13 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# `make demo KEEP=1` leaves everything running afterwards (Ctrl-C stops it); without KEEP the demo
+# asks at the end, only when stdin is a terminal (CI never waits). DEMO_HARNESS=claude_code (codex,
+# gemini_cli, qwen_code, opencode, pi) also runs that agent CLI for real (installed on demand).
+KEEP ?=
+DEMO_HARNESS ?=
 demo: $(VENV)/.installed
-	$(VENV)/bin/polar-mq demo
+	$(VENV)/bin/polar-mq demo $(if $(KEEP),--keep,--ask-keep) $(if $(DEMO_HARNESS),--harness $(DEMO_HARNESS))
 
 # The GRPO example (docs/rl.md): the rl extra, real vLLM (CPU build, cached venv; installed on
 # first use, ~4 min), the base policy (built once, cached), then the loop. Its last line is

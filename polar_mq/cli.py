@@ -142,7 +142,7 @@ def _up(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main()
+    return demo_main(keep=args.keep, ask_keep=args.ask_keep, harness=args.harness)
 
 
 def _harness(args: argparse.Namespace) -> int:
@@ -166,6 +166,11 @@ def _gc(args: argparse.Namespace) -> int:
                           delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run, gw=gw)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
     return 0
+
+
+# The agent CLIs `polar-mq demo --harness` runs: harnesses/install.py's pinned packages, named here
+# so that parsing a command line does not import the harness registry (tests/test_cli_newcomer.py).
+DEMO_HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 
 
 # Sub-commands whose arguments belong to another module's own parser: everything after the name
@@ -249,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     tok.set_defaults(func=_token)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
+    demo.add_argument("--keep", action="store_true",
+                      help="leave everything running afterwards and print a viewer link that signs "
+                           "the browser in; Ctrl-C stops it")
+    demo.add_argument("--ask-keep", action="store_true",
+                      help="ask at the end whether to keep it running (only when stdin is a terminal)")
+    demo.add_argument("--harness", choices=DEMO_HARNESSES,
+                      help="also run this agent CLI for real against the stand-in (installed on demand)")
     demo.set_defaults(func=_demo)
 
     harness = sub.add_parser("harness", help="manage harness CLIs (install NAME...)", add_help=False)

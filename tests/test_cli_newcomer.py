@@ -105,3 +105,10 @@ def test_taken_port_holder_from_proc():
         assert preflight.is_taken("127.0.0.1", port)
         assert (preflight.holder(port) or "").startswith(f"pid {os.getpid()} (")
     assert not preflight.is_taken("127.0.0.1", port)
+
+
+def test_demo_harness_choices_are_the_pinned_clis():
+    from polar_mq.cli import DEMO_HARNESSES
+    from polar_mq.harnesses.install import HARNESS_NAMES
+
+    assert sorted(DEMO_HARNESSES) == sorted(HARNESS_NAMES) == sorted(HARNESSES)
