@@ -87,7 +87,6 @@ def _model_server(args: argparse.Namespace) -> int:
     return model_server_main(args.rest)
 
 
-
 # The pool size of each stage when none is given: `polar-mq up`, `polar-mq worker` and the
 # workers/<stage>.py entry points all start from these (run: the run slots).
 STAGE_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}

@@ -219,7 +219,11 @@ def main(keep: bool = False, ask_keep: bool = False, harness: str | None = None)
     if harness is not None:
         from .demo_harness import ensure_installed
 
-        ensure_installed(console, harness)  # before anything starts: a download shows its progress
+        try:
+            ensure_installed(console, harness)  # before anything starts: a download shows its progress
+        except RuntimeError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 1
     with console.status("starting redis, the stand-in model, the gateway, the API and the worker pools…"):
         stack = launch(api_port=free_port(), gateway_port=free_port(), flower=False,
                        concurrency=(2, 2, 1))
@@ -233,7 +237,11 @@ def main(keep: bool = False, ask_keep: bool = False, harness: str | None = None)
         if harness is not None:
             from .demo_harness import run_harness
 
-            failures += run_harness(console, harness, stack, keep=keep)
+            try:
+                failures += run_harness(console, harness, stack, keep=keep)
+            except Exception as exc:  # shown; with --keep the deployment stays up to look into it
+                failures += 1
+                console.print(f"[red]{harness} failed:[/] {type(exc).__name__}: {exc}")
         if keep or (ask_keep and _ask_keep()):
             print(f"\nviewer: {viewer_link(stack.api_url, stack.token)}  (signs this browser in)\n"
                   f"everything keeps running (API {stack.api_url}, gateway {stack.gateway_url}); "
