@@ -47,3 +47,14 @@ def test_gateway_failure_wording():
     err = causes.gateway_failure("http://gw", requests.HTTPError(response=resp))
     assert str(err) == 'gateway at http://gw answered 401: {"title": "Unauthorized"}'
     assert causes.describe(ValueError("bad")) == "ValueError: bad"
+
+
+def test_only_the_last_attempts_cause_is_reported(redis_url):
+    from polar_mq.store import connect
+    from polar_mq.tasks.pipeline_store import PipelineStore
+
+    store = PipelineStore(connect(redis_url))
+    causes.remember(store, "s-cause", 0, causes.GatewayUnreachable("gateway unreachable at http://gw: timed out"))
+    assert causes.last(store, "s-cause", 0) == "gateway unreachable at http://gw: timed out"
+    assert causes.last(store, "s-cause", 1) is None  # attempt 1 left no cause (its worker died)
+    assert causes.last(store, "no-such-session", 0) is None

@@ -59,19 +59,24 @@ def _key(store: Any, session_id: str) -> str:
     return f"{store.keys.prefix}:cause:{session_id}"
 
 
-def remember(store: Any, session_id: str, exc: BaseException) -> None:
-    """Keep `exc` as the session's last failure (best effort: never masks the exception itself)."""
+def remember(store: Any, session_id: str, attempt: int, exc: BaseException) -> None:
+    """Keep `exc` as the cause of the session's attempt `attempt` (best effort: never masks the
+    exception itself)."""
     try:
-        store.r.set(_key(store, session_id), describe(exc), ex=CAUSE_TTL)
+        store.r.set(_key(store, session_id), f"{attempt}\t{describe(exc)}", ex=CAUSE_TTL)
     except Exception:
         pass
 
 
-def last(store: Any, session_id: str) -> str | None:
+def last(store: Any, session_id: str, attempt: int) -> str | None:
+    """The cause recorded for attempt `attempt`; None when that attempt left none (its worker
+    died, say): an earlier attempt's cause is not this one's."""
     try:
         value = store.r.get(_key(store, session_id))
     except Exception:
         return None
     if value is None:
         return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    recorded, _, cause = text.partition("\t")
+    return cause if recorded == str(attempt) else None

@@ -94,7 +94,7 @@ def give_up(ctx: StageContext, rec: SessionRecord) -> None:
     """Too many takeovers: stop retrying. Sessions before postrun still get a (partial)
     trajectory built; sessions that kept failing in postrun end as ERROR directly."""
     error = f"gave up after {rec.attempt + 1} attempts (last in {rec.state} on {rec.node})"
-    cause = causes.last(ctx.store, rec.session_id)
+    cause = causes.last(ctx.store, rec.session_id, rec.attempt)
     if cause:
         error = f"{cause}; {error}"
     log.error("session %s: %s", rec.session_id, error)

@@ -101,7 +101,7 @@ def stage(*accepts: str):
                     try:
                         return body(local, rec, task, lease)
                     except Exception as exc:  # the janitor retries; give_up reports it
-                        causes.remember(ctx.store, session_id, exc)
+                        causes.remember(ctx.store, session_id, rec.attempt, exc)
                         raise
             finally:
                 handoff.flush()
