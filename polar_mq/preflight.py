@@ -1,10 +1,10 @@
 """The check `polar-mq up` makes before it starts anything: which of the ports it will bind are
 taken, and by what.
 
-A second `polar-mq up` on taken ports used to start everything, find the first deployment's
-services answering its health checks, print "polar_mq is up", and only then die with the API's
-bind error. Checking before anything starts gives one clear message naming the port and, when
-this user may see it, the process that holds it. Guarded by tests/test_cli_newcomer.py.
+Without it, an `up` on taken ports would start everything, find another deployment's services
+answering its health checks, say it is up, and only then die of the API's bind error. Checked
+before anything starts, one message names the port and, when this user may see it, the process
+holding it. Guarded by tests/test_cli_newcomer.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Why a stage attempt failed, in one line a user can act on, kept until the session gives up.
 
 A stage that raises leaves its session to the janitor, which retries it and, after
-`max_attempts`, ends it with "gave up after N attempts (last in STATE on NODE)". Without the cause
-the user saw only that line (the traceback stayed in the worker's log); now the last attempt's
-cause is appended, e.g. "gateway unreachable at http://127.0.0.1:8600: connection refused".
+`max_attempts`, ends it as ERROR. Its `error` is the last attempt's cause, then "gave up after N
+attempts (last in STATE on NODE)", e.g. "gateway unreachable at http://127.0.0.1:8600: connection
+refused; gave up after 3 attempts (...)": the user sees why without the worker's log.
 Guarded by tests/test_give_up_cause.py.
 """
 
