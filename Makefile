@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-full typecheck bench clean rl-demo
+.PHONY: demo test typecheck bench clean rl-demo
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,7 @@ test: $(VENV)/.installed
 # Everything the default run skips, installed and run: what CI does (.ci/run: the system packages
 # when run as root, real vLLM's CPU build and tiny models, the swebench and rl extras, mypy), with
 # POLAR_FULL=1 so the `full` cases run too. Hours of CPU on a small machine; README "Tests".
+.PHONY: test-full
 test-full:
 	POLAR_FULL=1 PYTEST_ARGS="$(PYTEST_ARGS)" .ci/run
 

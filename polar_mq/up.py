@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from . import preflight, tokens
+from . import tokens
 from .cli import STAGE_CONCURRENCY
 from .embedded_redis import ensure_redis, free_port
 from .logcap import RotatingLog, pump
@@ -155,7 +155,9 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     ports = {"api": api_port, "gateway": gateway_port}
     if flower and importlib.util.find_spec("flower") is not None:
         ports["flower"] = flower_port
-    problems = preflight.taken(host, ports)
+    from .preflight import taken
+
+    problems = taken(host, ports)
     if problems:  # before anything starts (tests/test_cli_newcomer.py)
         raise PortsTaken("; ".join(problems))
     py = sys.executable

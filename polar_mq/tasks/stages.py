@@ -26,7 +26,6 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
-from . import causes
 from .cancel_watch import CancelWatch
 from .routing import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
@@ -34,6 +33,7 @@ from .endings import finish_early, send_callbacks
 from .fencing import FencedStore
 from .janitor import pending_key
 from .lease import Lease
+from . import causes
 
 log = logging.getLogger("polar_mq.stages")
 
