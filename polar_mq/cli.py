@@ -128,15 +128,20 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from .up import main as up_main
+    from .up import PortsTaken, main as up_main
 
-    return up_main(args)
+    try:
+        return up_main(args)
+    except PortsTaken as exc:  # raised before anything started (tests/test_cli_newcomer.py)
+        print(f"polar-mq up: {exc}; nothing was started (choose others with --api-port, "
+              f"--gateway-port, --flower-port)", file=sys.stderr, flush=True)
+        return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main()
+    return demo_main(keep=args.keep, ask_keep=args.ask_keep, harness=args.harness)
 
 
 def _harness(args: argparse.Namespace) -> int:
@@ -160,6 +165,18 @@ def _gc(args: argparse.Namespace) -> int:
                           delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run, gw=gw)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
     return 0
+
+
+# The agent CLIs `polar-mq demo --harness` runs: harnesses/install.py's pinned packages, named here
+# so that parsing a command line does not import the harness registry (tests/test_cli_newcomer.py).
+DEMO_HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
+
+
+# Sub-commands whose arguments belong to another module's own parser: everything after the name
+# goes there untouched (argparse's REMAINDER refuses a first argument that looks like an option,
+# so `polar-mq model-server --port 8000` and `--help` failed). Guarded by tests/test_cli_newcomer.py.
+PASS_THROUGH: dict[str, Callable[[argparse.Namespace], int]] = {"model-server": _model_server,
+                                                                "harness": _harness}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     tok.set_defaults(func=_token)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
+    demo.add_argument("--keep", action="store_true",
+                      help="leave everything running afterwards and print a viewer link that signs "
+                           "the browser in; Ctrl-C stops it")
+    demo.add_argument("--ask-keep", action="store_true",
+                      help="ask at the end whether to keep it running (only when stdin is a terminal)")
+    demo.add_argument("--harness", choices=DEMO_HARNESSES,
+                      help="also run this agent CLI for real against the stand-in (installed on demand)")
     demo.set_defaults(func=_demo)
 
     harness = sub.add_parser("harness", help="manage harness CLIs (install NAME...)", add_help=False)
@@ -250,8 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pass_through(argv: list[str]) -> argparse.Namespace | None:
+    """`[-v] model-server|harness ARGS...` → a namespace with `rest` = ARGS, else None."""
+    lead = 0
+    while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
+        lead += 1
+    if lead < len(argv) and argv[lead] in PASS_THROUGH:
+        return argparse.Namespace(verbose=lead > 0, command=argv[lead], rest=argv[lead + 1:],
+                                  func=PASS_THROUGH[argv[lead]])
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _pass_through(argv) or build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "urllib3", "google_genai"):

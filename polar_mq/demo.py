@@ -175,14 +175,55 @@ def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
     return sum(1 for s in status["sessions"] if s["state"] != SessionState.COMPLETED)
 
 
-def main() -> int:
+def viewer_link(api_url: str, token: str | None) -> str:
+    """The viewer's address that signs a browser in (api/ui_auth.py: the token becomes a cookie
+    and leaves the address bar at once)."""
+    from urllib.parse import quote
+
+    return f"{api_url}/ui/?token={quote(token, safe='')}" if token else f"{api_url}/ui/"
+
+
+def _ask_keep() -> bool:
+    """At the end of an interactive `make demo`: keep it running? (never asked without a TTY)."""
+    if not sys.stdin.isatty():
+        return False
+    try:
+        return input("Keep everything running to explore the viewer? [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the `finally` below stops every child (they run in their
+    own sessions: nothing else would end them)."""
+    import signal
+
+    def interrupt(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def main(keep: bool = False, ask_keep: bool = False, harness: str | None = None) -> int:
+    """The demo; `keep`: leave every service running afterwards, print the viewer link that signs
+    the browser in, stop on Ctrl-C/SIGTERM (tests/test_demo_keep.py). `harness`: also run that
+    agent CLI for real against the stand-in (demo_harness.py)."""
     from rich.console import Console
 
     from .up import launch
 
     import shutil
 
+    _stop_on_sigterm()
     console = Console(width=max(110, shutil.get_terminal_size().columns))
+    if harness is not None:
+        from .demo_harness import ensure_installed
+
+        try:
+            ensure_installed(console, harness)  # before anything starts: a download shows its progress
+        except RuntimeError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 1
     with console.status("starting redis, the stand-in model, the gateway, the API and the worker pools…"):
         stack = launch(api_port=free_port(), gateway_port=free_port(), flower=False,
                        concurrency=(2, 2, 1))
@@ -193,7 +234,23 @@ def main() -> int:
 
         # Next to the per-session result files the postrun workers write (a per-user directory).
         failures += _pipeline(console, stack.api_url, stack.token, Path(PipelineSettings.from_env().results_dir))
+        if harness is not None:
+            from .demo_harness import run_harness
+
+            try:
+                failures += run_harness(console, harness, stack, keep=keep)
+            except Exception as exc:  # shown; with --keep the deployment stays up to look into it
+                failures += 1
+                console.print(f"[red]{harness} failed:[/] {type(exc).__name__}: {exc}")
+        if keep or (ask_keep and _ask_keep()):
+            print(f"\nviewer: {viewer_link(stack.api_url, stack.token)}  (signs this browser in)\n"
+                  f"everything keeps running (API {stack.api_url}, gateway {stack.gateway_url}); "
+                  f"Ctrl-C stops it", flush=True)
+            if stack.supervisor.watch():
+                failures += 1
         return 1 if failures else 0
+    except KeyboardInterrupt:
+        return 130
     finally:
         stack.stop()
 

@@ -27,6 +27,10 @@ from .settings import TokenSettings
 from .tasks.routing import QUEUES
 
 
+class PortsTaken(RuntimeError):
+    """A port `launch` was asked to bind is taken; nothing was started."""
+
+
 @dataclass
 class Child:
     name: str
@@ -148,6 +152,14 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     binds to `host` (loopback by default); the children get the token through their settings
     (POLAR_API_TOKEN / POLAR_GATEWAY_TOKEN in their environment, never a sandbox's). Flower asks
     for HTTP basic auth: user ``polar``, the token as password. `dev` serves everything open."""
+    ports = {"api": api_port, "gateway": gateway_port}
+    if flower and importlib.util.find_spec("flower") is not None:
+        ports["flower"] = flower_port
+    from .preflight import taken
+
+    problems = taken(host, ports)
+    if problems:  # before anything starts (tests/test_cli_newcomer.py)
+        raise PortsTaken("; ".join(problems))
     py = sys.executable
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
                    time.strftime("%Y%m%d-%H%M%S"))

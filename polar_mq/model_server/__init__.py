@@ -7,3 +7,9 @@
 * :mod:`.app` -- ``create_app(ServerConfig)``: the Flask app.
 * ``python -m polar_mq.model_server`` / ``polar-mq model-server`` -- ``__main__.main(argv)``.
 """
+
+# The window the stand-in serves unless told otherwise (`polar-mq up`/`demo` included): every agent
+# CLI shipped in polar_mq/harnesses must fit its first request (system prompt + tools, up to ~30k
+# tokens for Claude Code) plus the output cap harnesses/limits.py derives from it (with 8192, Claude
+# Code refuses its first request: "Prompt is too long"). Guarded by tests/test_cli_newcomer.py.
+DEFAULT_MAX_MODEL_LEN = 65536

@@ -7,6 +7,8 @@ import signal
 import socket
 import sys
 
+from . import DEFAULT_MAX_MODEL_LEN
+
 
 def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -17,7 +19,8 @@ def build_parser(prog: str = "polar-mq model-server") -> argparse.ArgumentParser
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed in the ready line)")
     p.add_argument("--served-model-name", default="stand-in")
-    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                   help="the context window served (default %(default)s: room for every shipped agent CLI)")
     p.add_argument("--scripted", metavar="FILE.json", help="a JSON list of steps (see polar_mq.model_server.script)")
     p.add_argument("--no-token-ids", action="store_true",
                    help="ignore return_token_ids (prompt_token_ids/token_ids come back null)")

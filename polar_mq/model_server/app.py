@@ -34,13 +34,15 @@ from .templates import template
 from .script import Reply, decide
 from .tokenizer import ChatTokenizer, load_tokenizer
 
+from . import DEFAULT_MAX_MODEL_LEN
+
 VLLM_VERSION = "0.32.0"
 
 
 @dataclass
 class ServerConfig:
     served_model_name: str = "stand-in"
-    max_model_len: int = 8192
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     scripted: list[dict] | None = None
     return_token_ids: bool = True  # False: behave like an upstream that ignores return_token_ids
     latency_ms: int = 0

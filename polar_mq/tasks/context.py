@@ -10,6 +10,7 @@ import time
 import requests
 
 from .. import sampling as sampling_policy
+from .causes import gateway_failure
 from ..merge.records import as_record
 from ..model import CaptureRecord
 from .pipeline_store import PipelineStore, node_name
@@ -92,8 +93,11 @@ class GatewayClient:
         body: dict[str, Any] = {"session_id": session_id, "task_id": task_id, "metadata": metadata}
         if sampling:
             body["sampling"] = sampling
-        resp = self.http.post(f"{self.url}/sessions", json=body, timeout=30)
-        resp.raise_for_status()
+        try:  # the session's error names the gateway and why (causes.py)
+            resp = self.http.post(f"{self.url}/sessions", json=body, timeout=30)
+            resp.raise_for_status()
+        except requests.RequestException as exc:
+            raise gateway_failure(self.url, exc) from exc
         answer = resp.json()
         self._check_shared(answer)
         return answer

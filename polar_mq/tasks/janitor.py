@@ -14,6 +14,7 @@ import threading
 import time
 
 from .. import states
+from . import causes
 from ..model import SessionRecord
 from .routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from .context import StageContext
@@ -93,6 +94,9 @@ def give_up(ctx: StageContext, rec: SessionRecord) -> None:
     """Too many takeovers: stop retrying. Sessions before postrun still get a (partial)
     trajectory built; sessions that kept failing in postrun end as ERROR directly."""
     error = f"gave up after {rec.attempt + 1} attempts (last in {rec.state} on {rec.node})"
+    cause = causes.last(ctx.store, rec.session_id, rec.attempt)
+    if cause:
+        error = f"{cause}; {error}"
     log.error("session %s: %s", rec.session_id, error)
     ctx.store.incr("sessions_given_up")
     if rec.state in (states.INITIALIZING, states.READY, states.RUNNING):

@@ -33,6 +33,7 @@ from .endings import finish_early, send_callbacks
 from .fencing import FencedStore
 from .janitor import pending_key
 from .lease import Lease
+from . import causes
 
 log = logging.getLogger("polar_mq.stages")
 
@@ -97,7 +98,11 @@ def stage(*accepts: str):
                                          store=FencedStore(ctx.store, session_id, lease.token,
                                                            on_release=lease.released),
                                          node=ctx.node)
-                    return body(local, rec, task, lease)
+                    try:
+                        return body(local, rec, task, lease)
+                    except Exception as exc:  # the janitor retries; give_up reports it
+                        causes.remember(ctx.store, session_id, rec.attempt, exc)
+                        raise
             finally:
                 handoff.flush()
         return run
