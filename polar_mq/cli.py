@@ -73,6 +73,10 @@ def _token(args: argparse.Namespace) -> int:
     from . import tokens
     from .settings import TokenSettings
 
+    if getattr(args, "token_command", None):
+        from .cli_tokens import run
+
+        return run(args)
     settings = TokenSettings.from_env()
     if args.path:
         print(settings.token_file)
@@ -234,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="print the service token (creates $POLAR_HOME/token, mode 0600, if missing)")
     tok.add_argument("--path", action="store_true", help="print where the token file is instead")
     tok.set_defaults(func=_token)
+    from .cli_tokens import add_subcommands
+    add_subcommands(tok)  # create | list | revoke: scoped tokens (roles.py)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.set_defaults(func=_demo)
