@@ -1,7 +1,7 @@
 """What a non-admin token may submit: the operator's `POLAR_SUBMIT_POLICY` YAML file.
 
 A TaskRequest is code execution on a worker when it names the `local` runtime, gives commands
-(shell harness `command`, `runtime.prepare[].exec`, a grader's `command`) or loads a `module:Class`
+(shell harness `command`, a harness's `bin`, `runtime.prepare[].exec`, a grader's `command`) or loads a `module:Class`
 plug-in (`subprocess:Popen` is one). The admin token may do all of it; every other token is held
 to this policy, checked at submit (403 naming the rule, nothing stored or enqueued).
 
@@ -120,6 +120,8 @@ def commands_of(task: TaskRequest) -> list[str]:
     found = []
     if task.agent.harness == "shell" and task.agent.options.get("command"):
         found.append("agent.options.command")
+    if task.agent.options.get("bin"):  # the executable a harness runs, in place of its CLI
+        found.append("agent.options.bin")
     for i, step in enumerate(task.runtime.prepare):
         if "exec" in step:
             found.append(f"runtime.prepare[{i}].exec")

