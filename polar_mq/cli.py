@@ -39,9 +39,31 @@ def _gateway(args: argparse.Namespace) -> int:
     settings.admin_token = service_token("gateway", dev=args.dev)
     settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
     if embedded:
-        print(f"started embedded redis at {settings.redis_url}", flush=True)
+        print(f"started embedded redis at {redact_url(settings.redis_url)}", flush=True)
+    elif not redis_credentials_ok(settings.redis_url):
+        return 2
     serve(settings, dev=args.dev, workers=args.workers)
     return 0
+
+
+def redis_credentials_ok(url: str) -> bool:
+    """False (and the reason on stderr) when `url`'s Redis wants credentials the URL lacks."""
+    from .embedded_redis import credentials_problem
+
+    problem = credentials_problem(url)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
+    return problem is None
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by ***, for log lines."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, sep, cred = head.partition("://")
+    user = cred.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{tail}"
 
 
 def service_token(role: str, *, dev: bool, explicit: str | None = None) -> str | None:
@@ -73,6 +95,10 @@ def _token(args: argparse.Namespace) -> int:
     from . import tokens
     from .settings import TokenSettings
 
+    if getattr(args, "token_command", None):
+        from .cli_tokens import run
+
+        return run(args)
     settings = TokenSettings.from_env()
     if args.path:
         print(settings.token_file)
@@ -116,6 +142,9 @@ def _worker(args: argparse.Namespace) -> int:
         os.environ["POLAR_NODE"] = args.node
     from .tasks.routing import worker_queues
     from .tasks.worker import app, settings
+
+    if not redis_credentials_ok(settings.redis_url):
+        return 2
 
     queues = ",".join(worker_queues(args.stage, settings.node))  # shared + this node's (routing.py)
     argv = ["worker", "-Q", queues, "-c", str(concurrency), *(["-E"] if settings.task_events else []),
@@ -251,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="print the service token (creates $POLAR_HOME/token, mode 0600, if missing)")
     tok.add_argument("--path", action="store_true", help="print where the token file is instead")
     tok.set_defaults(func=_token)
+    from .cli_tokens import add_subcommands
+    add_subcommands(tok)  # create | list | revoke: scoped tokens (roles.py)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument("--keep", action="store_true",

@@ -39,9 +39,12 @@ def _serve_api(args: argparse.Namespace) -> int:
     from .settings import PipelineSettings
 
     url, embedded = ensure_redis(args.redis)
+    from .cli import redact_url, redis_credentials_ok, service_token
+
     if embedded:
-        print(f"started embedded redis at {url}", flush=True)
-    from .cli import service_token
+        print(f"started embedded redis at {redact_url(url)}", flush=True)
+    elif not redis_credentials_ok(url):
+        return 2
 
     settings = PipelineSettings.from_env(redis_url=url)
     settings.api_token = service_token("api", dev=args.dev, explicit=args.token)

@@ -190,7 +190,9 @@ class PipelineSettings:
     # The local runtime has no isolation: it runs prepare.exec steps of submitted (untrusted)
     # tasks only when the worker is started with POLAR_ALLOW_LOCAL_EXEC=1.
     allow_local_exec: bool = False
-    callback_token: str | None = None  # signs callbacks (X-Polar-Signature); default: the API token
+    # Signs callbacks (X-Polar-Signature): POLAR_CALLBACK_SECRET, else $POLAR_HOME/callback.secret
+    # (callback_guard.callback_secret), never a service token.
+    callback_token: str | None = None
     # Celery task events (task-sent/received/started/succeeded) are for Flower only; each costs a
     # publish per task and stage. `polar-mq up` turns them off when it starts no Flower.
     task_events: bool = True
@@ -226,7 +228,7 @@ class PipelineSettings:
         s.orphan_scan_interval = _env_float("POLAR_ORPHAN_SCAN_INTERVAL", s.orphan_scan_interval)
         s.node = env.get("POLAR_NODE") or s.node
         s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
-        s.callback_token = env.get("POLAR_CALLBACK_TOKEN") or s.api_token
+        s.callback_token = env.get("POLAR_CALLBACK_SECRET") or None
         s.task_events = _env_on("POLAR_TASK_EVENTS")
         s.task_log = env.get("POLAR_TASK_LOG", "0").lower() in ("1", "true", "yes")
         for k, v in overrides.items():

@@ -128,6 +128,16 @@ class Keys:
     def counter(self) -> str:
         return f"{self.prefix}:metrics"
 
+    # --- scoped API tokens (roles.py) ------------------------------------------------------------
+    def api_token(self, digest: str) -> str:
+        """Hash of one scoped token, keyed by the sha256 of the token (never the token): name,
+        role, created_at, expires_at. Expires with the token (Redis TTL)."""
+        return f"{self.prefix}:auth:token:{digest}"
+
+    def api_token_names(self) -> str:
+        """Hash: token name -> JSON {role, digest, created_at, expires_at} (`polar-mq token list`)."""
+        return f"{self.prefix}:auth:names"
+
     # --- groups for trainers (group_queue.py) ----------------------------------------------------
     def task_terminal(self, task_id: str) -> str:
         """Sessions of a task that reached a terminal state (the group is done when all are)."""

@@ -23,7 +23,7 @@ from .settings import TokenSettings
 
 log = logging.getLogger("polar_mq.tokens")
 
-SIGNATURE_HEADER = "X-Polar-Signature"  # "sha256=<hex HMAC-SHA256 of the raw body, keyed by the token>"
+SIGNATURE_HEADER = "X-Polar-Signature"  # "sha256=<hex HMAC-SHA256 of "<timestamp>.<raw body>", keyed by the callback secret>"
 TIMESTAMP_HEADER = "X-Polar-Timestamp"
 _KEY_PATTERN = re.compile(r"pmq-[A-Za-z0-9_-]{6,}")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import requests
 
 from . import tokens
-from .cli import STAGE_CONCURRENCY
-from .embedded_redis import ensure_redis, free_port
+from .cli import STAGE_CONCURRENCY, redact_url
+from .embedded_redis import ensure_redis, free_port, password_file
 from .logcap import RotatingLog, pump
 from .settings import TokenSettings
 from .tasks.routing import QUEUES
@@ -135,7 +135,8 @@ class Stack:
         return (f"  API      {self.api_url}\n  viewer   {self.api_url}/ui/  (sign in: ?token=<API token>)\n"
                 f"  gateway  {self.gateway_url}\n"
                 f"  upstream {', '.join(self.upstreams)}\n"
-                f"  redis    {self.redis_url}{' (embedded)' if self.embedded else ''}\n"
+                f"  redis    {redact_url(self.redis_url)}"
+                f"{' (embedded; password in ' + str(password_file()) + ')' if self.embedded else ''}\n"
                 + (f"  flower   {self.flower_url} (user polar, password: the token)\n" if self.flower_url else "")
                 + f"  logs     {self.log_dir}\n"
                 + (f"  token    {TokenSettings.from_env().token_file} (or $POLAR_API_TOKEN)" if self.token
@@ -188,13 +189,15 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
                                             "--port", str(port)])
             upstreams = [f"http://127.0.0.1:{port}"]
             wait_http(f"{upstreams[0]}/health", ms.proc)
+        # The Redis URL (with the embedded Redis's password) goes by POLAR_REDIS_URL in `env`,
+        # never on a command line (which every local user can read).
         gw_args = [py, "-m", "polar_mq.cli", "gateway", "--host", host, "--port", str(gateway_port),
-                   "--redis", redis_url, *(["--dev"] if dev else [])]
+                   *(["--dev"] if dev else [])]
         for up in upstreams:
             gw_args += ["--upstream", up]
         gw = sup.spawn("gateway", gw_args)
         api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", host, "--port", str(api_port),
-                                "--redis", redis_url, *(["--dev"] if dev else [])])
+                                *(["--dev"] if dev else [])])
         for stage, n in zip(QUEUES, concurrency):
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
                                           "--concurrency", str(n)])

@@ -16,7 +16,8 @@ from polar_mq import states
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("pipeline"))
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("pipeline"),
+                      POLAR_CALLBACK_ALLOW="127.0.0.1/32")  # the callback receivers listen on loopback
     p.start_worker("init", 2)
     p.start_worker("run", 2)
     p.start_worker("postrun", 1)

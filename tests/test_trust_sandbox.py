@@ -63,7 +63,9 @@ def test_sandbox_reaches_only_its_own_session(stack):
     # Flower is behind the token for the host too.
     assert requests.get(f"{st.flower_url}/api/workers", timeout=10).status_code == 401
 
-    redis_hostport = urlsplit(st.redis_url).netloc
+    redis_url = urlsplit(st.redis_url)
+    assert redis_url.password  # `polar-mq up`'s Redis has one; the sandbox gets only host:port
+    redis_hostport = f"{redis_url.hostname}:{redis_url.port}"
     task = {"instruction": "probe", "num_samples": 1, "timeout_seconds": 120,
             "agent": {"harness": "shell", "options": {"command": [sys.executable, str(PROBE)]}},
             "runtime": {"keep_workdir": True, "env": {"PROBE_API": urlsplit(st.api_url).netloc, "PROBE_REDIS": redis_hostport,

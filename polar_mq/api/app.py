@@ -13,7 +13,8 @@ from ..tasks.pipeline_store import PipelineStore
 from ..settings import PipelineSettings
 from ..store import StoreUnavailable, connect
 from ..tasks.taskspec import ValidationError
-from . import admin, groups, ops, routes, ui, ui_auth
+from . import admin, groups, ops, routes, tokens_api, ui, ui_auth
+from ..roles import ADMIN, TokenStore
 from .auth import check_bearer
 from .context import EXTENSION, ApiContext
 from .problems import Problem, unavailable, validation
@@ -37,20 +38,30 @@ def create_app(settings: PipelineSettings, *, redis_client: redis.Redis | None =
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     client = redis_client if redis_client is not None else connect(settings.redis_url)
-    app.extensions[EXTENSION] = ApiContext(settings=settings, redis=client, store=PipelineStore(client),
-                                           _celery=celery)
+    store = PipelineStore(client)
+    app.extensions[EXTENSION] = ApiContext(settings=settings, redis=client, store=store, _celery=celery)
+    scoped = TokenStore(client, store.keys)  # roles.py: scoped tokens, looked up per request
+
+    def owner_of(task_id: str | None, session_id: str | None) -> str | None:
+        if session_id is not None:
+            rec = store.get_session(session_id)
+            task_id = rec.task_id if rec is not None else None
+        stored = store.get_task(task_id) if task_id else None
+        return None if stored is None else str(stored.get("submitter") or ADMIN)
 
     @app.before_request
     def _auth() -> Response | None:
         if request.path == ui_auth.PREFIX or request.path.startswith(ui_auth.PREFIX + "/"):
-            return ui_auth.authorise(settings.api_token)  # the viewer: bearer, ?token= or its cookie
-        check_bearer(settings.api_token)
+            # the viewer: bearer, ?token= or its cookie (admin or a `read` token)
+            return ui_auth.authorise(settings.api_token, scoped)
+        check_bearer(settings.api_token, scoped, owner_of)
         return None
 
     app.register_blueprint(routes.bp)
     app.register_blueprint(admin.bp)
     app.register_blueprint(groups.bp)
     app.register_blueprint(ops.bp)
+    app.register_blueprint(tokens_api.bp)
     ui.register(app)
 
     @app.errorhandler(Problem)

@@ -24,7 +24,9 @@ def _problem(description: str) -> dict[str, Any]:
 
 _PATH_TASK = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _ERRORS = {"400": _problem("invalid request (body, query parameter); `field` names it"),
-           "401": _problem("missing or wrong bearer token"), "503": _problem("Redis unreachable"),
+           "401": _problem("missing, unknown, expired or revoked bearer token"),
+           "403": _problem("outside the token's rights (roles: submit, train, read); `missing_right` names it"),
+           "503": _problem("Redis unreachable"),
            "414": {"description": "request line too long (answered by the HTTP server, before the API)"},
            "431": {"description": "request headers too large (answered by the HTTP server)"}}
 
@@ -37,6 +39,16 @@ SCHEMAS: dict[str, Any] = {
             "detail": {"type": "string"},
             "field": {"type": "string", "description": "the invalid field, e.g. agent.harness"},
         },
+    },
+    "ScopedTokenInfo": {
+        "type": "object", "required": ["name", "role", "created_at", "expires_at"],
+        "properties": {"name": {"type": "string"}, "role": {"enum": ["submit", "train", "read"]},
+                       "created_at": {"type": "number"}, "expires_at": {"type": ["number", "null"]}},
+    },
+    "ScopedToken": {
+        "type": "object", "required": ["name", "role", "token", "expires_at"],
+        "properties": {"name": {"type": "string"}, "role": {"enum": ["submit", "train", "read"]},
+                       "token": {"type": "string"}, "expires_at": {"type": ["number", "null"]}},
     },
     "Strategy": {
         "oneOf": [
@@ -241,7 +253,8 @@ def document() -> dict[str, Any]:
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "the API token: POLAR_API_TOKEN, else $POLAR_HOME/token"}},
+                                           "description": "the admin token (POLAR_API_TOKEN, else $POLAR_HOME/token) "
+                                                          "or a scoped token (polar-mq token create)"}},
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -353,6 +366,25 @@ def document() -> dict[str, Any]:
                 "get": {"summary": "Where one group is: unfinished, pending, leased, acked",
                         "responses": {"200": _json({"type": "object"}, "group state"),
                                       "404": _problem("unknown task"), **_ERRORS}},
+            },
+            "/v1/admin/tokens": {
+                "post": {"summary": "Make a scoped token (admin token only); the token is answered once",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                             "type": "object", "required": ["role"], "properties": {
+                                 "role": {"enum": ["submit", "train", "read"]},
+                                 "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
+                                 "ttl_seconds": {"type": "number", "exclusiveMinimum": 0}}}}}},
+                         "responses": {"201": _json(_ref("ScopedToken"), "the new token (shown only now)"),
+                                       "409": _problem("a token with that name exists"), **_ERRORS}},
+                "get": {"summary": "Scoped tokens: names, roles, expiry (never the tokens)",
+                        "responses": {"200": _json({"type": "object", "properties": {"tokens": {
+                            "type": "array", "items": _ref("ScopedTokenInfo")}}}, "tokens"), **_ERRORS}},
+            },
+            "/v1/admin/tokens/{name}": {
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "delete": {"summary": "Revoke a scoped token (effective on the next request)",
+                           "responses": {"200": _json({"type": "object"}, "revoked"),
+                                         "404": _problem("no token with that name"), **_ERRORS}},
             },
             "/health": {
                 "get": {"summary": "Redis reachability and queue lengths (no token needed)", "security": [],

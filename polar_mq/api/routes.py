@@ -14,7 +14,8 @@ from ..tasks.pipeline_store import Conflict
 from ..tasks.taskspec import ValidationError, parse_task
 from ..tasks.routing import INIT_TASK, STAGE_QUEUE
 from ..tasks.endings import finish_early
-from . import views
+from . import admission, views
+from .auth import principal
 from .context import ctx
 from .problems import Problem, not_found, validation
 
@@ -106,9 +107,11 @@ def submit() -> tuple[Response, int]:
         task = parse_task(data)
     except ValidationError as exc:
         raise validation(exc.field, exc.message)
+    admission.check_submit(task, principal())  # callback_url, and a non-admin token's policy: 400/403
     c = ctx()
     try:
-        sids, created = c.store.create_task(task)
+        who = principal()
+        sids, created = c.store.create_task(task, submitter=None if who.admin else who.name)
     except Conflict as exc:
         raise Problem(409, f"{exc}; use a new task_id or resubmit the identical body", kind="conflict",
                       task_id=task.task_id)

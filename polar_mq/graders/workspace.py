@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..model import RuntimeHandle
-from ..runtimes import get_runtime, resolve_backend
+from ..runtimes import NoIsolation, get_runtime, resolve_backend
+from ..runtimes.local import allow_local_exec_from_env, refused_prepare
 from ..runtimes.base import ExecResult
 from ..tasks.taskspec import RuntimeSpec
 from .base import GradeContext, GraderTimeout, InfraError
@@ -128,7 +129,11 @@ def fresh_workspace(context: GradeContext, config: dict[str, Any]) -> Iterator[W
     there is no repo_source), `keep_fresh` (keep the local copy after grading, for debugging)."""
     spec = context.runtime_spec
     live = context.runtime
-    runtime = _runtime_for(context, resolve_backend(spec, live))
+    try:
+        backend = resolve_backend(spec, live)
+    except NoIsolation as exc:
+        raise InfraError(f"fresh runtime: {exc}") from exc
+    runtime = _runtime_for(context, backend)
     session_dir = context.session_dir or (live.session_dir if live and live.session_dir else None)
     root = Path(session_dir) if session_dir else context.log_dir()
     n = 0
@@ -172,6 +177,9 @@ def _prepare(ws: Workspace, spec: RuntimeSpec) -> None:
             src = Path(step["upload"]["src"])
             ws.runtime.upload(ws.handle, src, step["upload"].get("dst", src.name))
         else:
+            refusal = refused_prepare(ws.handle, step, allow_local_exec_from_env())  # as init checks
+            if refusal:
+                raise InfraError(f"fresh runtime: prepare step {i} {refusal}")
             result = ws.run(step["exec"], f"prepare-{i}", timeout=step.get("timeout"))
             if result.exit_code != 0:
                 raise InfraError(f"fresh runtime: prepare step {i} exited with {result.exit_code}: "

@@ -2,9 +2,10 @@
 
 A TaskRequest without `runtime.backend` gets ``auto``: the safest runtime this worker has
 (`select_backend`): docker when the task names an image and an engine answers, else bwrap when
-bubblewrap works here, else local, with a loud warning (no isolation at all). The choice is made
-once, by the init worker, and kept in the session's runtime handle, so every later stage uses the
-same one.
+bubblewrap works here. It fails closed (NoIsolation: the session ends ERROR with the reason):
+never the local runtime, and never an image's task under bwrap on the host filesystem when no
+docker engine answers (tests/test_trust_auto.py). The choice is made once, by the init worker,
+and kept in the session's runtime handle, so every later stage uses the same one.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ _FACTORIES = {
     "docker": "polar_mq.runtimes.docker:DockerRuntime",
     "apptainer": "polar_mq.runtimes.apptainer:ApptainerRuntime",
 }
-LOCAL_WARNING = ("runtime auto: neither a docker engine (with runtime.image) nor a working bubblewrap "
-                 "here; session %s runs with the LOCAL runtime: NO ISOLATION, the agent can read and "
-                 "write everything this worker can. Install bubblewrap (apt-get install bubblewrap).")
+
+
+class NoIsolation(RuntimeError):
+    """`auto` found no runtime that isolates what the task asks for on this worker."""
 
 
 def get_runtime(backend: str) -> Runtime:
@@ -68,13 +70,18 @@ def docker_works() -> bool:
 
 
 def select_backend(image: str | None, session_id: str = "") -> str:
-    """The safest backend available for a task (docker needs an image)."""
-    if image and docker_works():
-        return "docker"
+    """The safest backend available for a task (docker needs an image); NoIsolation when none."""
+    if image:
+        if docker_works():
+            return "docker"
+        raise NoIsolation(f"runtime auto: the task names image {image!r} but no docker engine answers on this "
+                          f"worker; it is not run under bwrap on the host filesystem instead (start a docker "
+                          f"engine here, or name runtime.backend)")
     if bwrap_works():
         return "bwrap"
-    log.warning(LOCAL_WARNING, session_id or "?")
-    return "local"
+    raise NoIsolation("runtime auto: no isolation available on this worker (bubblewrap cannot make a sandbox "
+                      "here: install it, apt-get install bubblewrap, and allow user namespaces; or give the "
+                      "task an image for docker); the local runtime is never chosen by auto")
 
 
 def resolve_backend(spec: RuntimeSpec, handle: RuntimeHandle | None = None, session_id: str = "") -> str:
@@ -87,4 +94,4 @@ def resolve_backend(spec: RuntimeSpec, handle: RuntimeHandle | None = None, sess
     return select_backend(spec.image, session_id)
 
 
-__all__ = ["AUTO", "ExecResult", "Runtime", "get_runtime", "resolve_backend", "select_backend"]
+__all__ = ["AUTO", "ExecResult", "NoIsolation", "Runtime", "get_runtime", "resolve_backend", "select_backend"]

@@ -233,10 +233,16 @@ class LocalRuntime:
         self.reap(handle)
 
 
+def allow_local_exec_from_env() -> bool:
+    """POLAR_ALLOW_LOCAL_EXEC, as PipelineSettings reads it (graders check fresh runtimes with it)."""
+    return os.environ.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")
+
+
 def refused_prepare(handle: RuntimeHandle, step: dict[str, Any], allow_local_exec: bool) -> str | None:
     """Why a prepare step may not run, or None. The local runtime has no isolation: a submitted
     task's `exec` steps would run as the worker, so they run only on workers started with
-    POLAR_ALLOW_LOCAL_EXEC=1 (settings.allow_local_exec). Harness commands are not affected."""
+    POLAR_ALLOW_LOCAL_EXEC=1 (settings.allow_local_exec). Harness commands are not affected.
+    Init and a grader's fresh runtime (graders/workspace.py) both ask it."""
     if "exec" in step and handle.backend == "local" and not allow_local_exec:
         return ("refused: the local runtime has no isolation and this worker does not run prepare.exec "
                 "of submitted tasks (use runtime.backend bwrap or docker, or start the worker with "

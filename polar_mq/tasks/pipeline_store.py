@@ -113,9 +113,11 @@ class PipelineStore:
         self.groups = GroupQueue(self.r, self.keys)
 
     # --- tasks ----------------------------------------------------------------------------------
-    def create_task(self, task: TaskRequest) -> tuple[list[str], bool]:
+    def create_task(self, task: TaskRequest, submitter: str | None = None) -> tuple[list[str], bool]:
         """Store a task and its sessions atomically. Returns (session ids, created).
-        Same task id + same body → the existing sessions; different body → Conflict."""
+        Same task id + same body → the existing sessions; different body → Conflict.
+        `submitter`: the API token's name (roles.py), kept with the task; a task id another
+        token submitted → Conflict (a resubmit never hands out another submitter's sessions)."""
         key = self.keys.task(task.task_id)
         fingerprint = task.fingerprint()
         while True:
@@ -128,11 +130,16 @@ class PipelineStore:
                         pipe.unwatch()
                         if stored["fingerprint"] != fingerprint:
                             raise Conflict(f"task {task.task_id!r} exists with a different body")
+                        if submitter is not None and stored.get("submitter", submitter) != submitter:
+                            raise Conflict(f"task {task.task_id!r} was submitted by another token")
                         return self.session_ids(task.task_id), False
                     now = time.time()
                     sids = [f"{task.task_id}-{i}-{uuid.uuid4().hex[:8]}" for i in range(task.num_samples)]
                     pipe.multi()
-                    pipe.set(key, pack({"spec": task.to_dict(), "fingerprint": fingerprint, "created_at": now}))
+                    stored_task = {"spec": task.to_dict(), "fingerprint": fingerprint, "created_at": now}
+                    if submitter is not None:
+                        stored_task["submitter"] = submitter
+                    pipe.set(key, pack(stored_task))
                     pipe.rpush(self.keys.task_sessions(task.task_id), *sids)
                     pipe.zadd(self.keys.task_index(), {task.task_id: now})
                     for i, sid in enumerate(sids):

@@ -21,7 +21,7 @@ from ..graders.run import run_grading, sft_options
 from ..graders.sft import record as record_sft, sft_path
 from ..harnesses import HarnessContext, get_harness
 from ..model import RuntimeHandle, SessionRecord, Trajectory
-from ..runtimes import get_runtime, resolve_backend
+from ..runtimes import NoIsolation, get_runtime, resolve_backend
 from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
@@ -136,7 +136,10 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     if moved is None:
         return "skipped"
     rec = moved
-    runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
+    try:
+        runtime = get_runtime(resolve_backend(task.runtime, rec.runtime, session_id))
+    except NoIsolation as exc:  # auto fails closed: ERROR with the reason, never a silent `local`
+        return finish_early(ctx, rec, task, states.ERROR, str(exc), expect={states.INITIALIZING})
     if takeover and rec.runtime and rec.runtime.is_here(ctx.node):
         runtime.stop(rec.runtime)  # a runtime on another host is that host's to clean up
     sdir = session_dir(ctx, rec)

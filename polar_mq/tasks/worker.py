@@ -12,6 +12,7 @@ from .pipeline_store import PipelineStore
 from ..runtimes import orphans
 from ..settings import PipelineSettings
 from ..store import GatewayStore, connect
+from .. import callback_guard
 from . import callbacks, stages
 from .celery_app import make_celery
 from .context import GatewayClient, StageContext
@@ -92,7 +93,12 @@ def callback_task(self, message: str) -> str:
     data = json.loads(message)
     store = context().store
     attempts = self.request.retries + 1
-    error = callbacks.deliver(data, settings.callback_token)
+    refusal = callback_guard.refused(data["url"])  # again at delivery: DNS may have changed since submit
+    if refusal is not None:
+        callbacks.record(store, data, "dead_letter", attempts, f"refused: callback_url {refusal}")
+        store.incr("callbacks_failed")
+        return "dead_letter"
+    error = callbacks.deliver(data, callback_guard.callback_secret(settings.callback_token))
     if error is None:
         callbacks.record(store, data, "delivered", attempts, None)
         store.incr("callbacks_delivered")

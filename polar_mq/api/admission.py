@@ -1,0 +1,28 @@
+"""What a TaskRequest must pass before it is stored: its callback URL (callback_guard.py, 400)
+and, for a non-admin token, the operator's submission policy (submit_policy.py, 403 naming the
+rule). Both run before anything is written or enqueued (tests/test_trust_roles.py)."""
+
+from __future__ import annotations
+
+from .. import callback_guard, submit_policy
+from ..roles import Principal
+from ..tasks.taskspec import TaskRequest
+from .problems import Problem, validation
+
+
+def check_submit(task: TaskRequest, who: Principal) -> None:
+    if task.callback_url is not None:
+        why = callback_guard.refused(task.callback_url)
+        if why is not None:
+            raise validation("callback_url", why)
+    if who.admin:
+        return
+    try:
+        policy = submit_policy.load()
+    except submit_policy.PolicyError as exc:
+        raise Problem(503, f"the submission policy cannot be used, so no non-admin submit is accepted: {exc}",
+                      kind="policy-unavailable")
+    refusal = submit_policy.check(task, policy)
+    if refusal is not None:
+        raise Problem(403, refusal.detail, kind="forbidden", title="Refused by the submission policy",
+                      rule=refusal.rule)
