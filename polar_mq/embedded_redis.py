@@ -40,7 +40,9 @@ def server_binary() -> str | None:
 
 def reachable(url: str, timeout: float = 1.0) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
+        from .redis_url import client
+
+        return bool(client(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
     except (redis.RedisError, OSError):
         return False
 
