@@ -85,6 +85,8 @@ def _run_failover(gateway_upstream: str, log_dir: Path, tmp_path: Path, sessions
             traj = p.store.get_trajectory(rec.session_id)
             assert traj.status == "COMPLETED" and traj.stats["calls"] == 2, traj.stats
         assert len({r.session_id for r in recs}) == sessions
+        # State changes, group acks and gateway records waited for a replica (replicated.py).
+        assert cluster.primary().client.info("commandstats")["cmdstat_wait"]["calls"] > 0
     finally:
         if p is not None:
             p.stop()
@@ -111,3 +113,24 @@ def test_wrong_master_name_is_a_clear_error(tmp_path):
             client(url, socket_timeout=1).ping()
     finally:
         cluster.stop()
+
+
+def test_compose_sentinel_variant_points_every_role_at_the_sentinels():
+    import json
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    from test_deploy import compose_binary
+
+    out = subprocess.run([compose_binary(), "-f", str(ROOT / "compose" / "docker-compose.yml"),
+                          "-f", str(ROOT / "compose" / "sentinel.yml"), "config", "--format", "json"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "POLAR_TOKEN_FILE": str(ROOT / "README.md")})
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    assert {"sentinel-1", "sentinel-2", "sentinel-3", "redis-replica-1", "redis-replica-2"} <= set(services)
+    for name in ("api", "gateway", "worker_init", "worker_run", "worker_postrun", "flower"):
+        url = services[name]["environment"]["POLAR_REDIS_URL"]
+        p = parse_sentinel(url)
+        assert p.master == "polar" and len(p.sentinels) == 3, (name, url)
