@@ -1,7 +1,7 @@
 """Host loss by heartbeats (tasks/host_loss.py): kill -9 of every process of a host while its
-sessions run; each of them moves on to the other host within POLAR_HOST_LOSS_SECONDS (10 s) —
-with a 15 s lease, so the lease lapsing is not what moves them — and completes there once, with
-its model calls in the trajectory. Two hosts on loopback (POLAR_NODE=alpha / beta, each with its
+sessions run; each of them moves on to the other host within POLAR_HOST_LOSS_SECONDS (10 s), with
+POLAR_LEASE_TTL=8 (the bound also waits for a cut-off holder's self-fence), and completes there
+once, with its model calls in the trajectory. Two hosts on loopback (POLAR_NODE=alpha / beta, each with its
 three pools); the figures are printed (pytest -s)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def start_host(p, node: str, run: int) -> list[subprocess.Popen]:
 
 def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
     n = 4
-    p = make_pipeline(gateway, tmp_path, POLAR_LEASE_TTL="15", POLAR_JANITOR_INTERVAL="5",
+    p = make_pipeline(gateway, tmp_path, POLAR_LEASE_TTL="8", POLAR_JANITOR_INTERVAL="5",
                       POLAR_HOST_LOSS_SECONDS=str(HOST_LOSS), POLAR_READY_CAPACITY=str(n))
     try:
         alpha = start_host(p, "alpha", run=n)
@@ -76,3 +76,17 @@ def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
             assert traj.status == "COMPLETED" and traj.stats["calls"] == 2, traj.stats
     finally:
         p.stop()
+
+
+def test_a_cut_off_holder_is_given_time_to_fence_itself():
+    """A lease is taken from a silent node only once its holder, were it alive and cut off, has
+    self-fenced and stopped its harness (SELF_FENCE × TTL + the kill since its last renewal)."""
+    from polar_mq.tasks.host_loss import HostWatch, lease_node
+
+    ttl = 8.0  # self-fence at 4.8 s, harness stopped by 7.3 s after the last renewal
+    assert not HostWatch._holder_stopped(int((ttl - 7.0) * 1000), ttl)
+    assert HostWatch._holder_stopped(int((ttl - 7.4) * 1000), ttl)
+    assert HostWatch._holder_stopped(-2, ttl)  # the lease is gone already
+    assert lease_node("alpha:123:abcd1234") == "alpha"
+    assert lease_node("host:with:colons:99:abcd1234") == "host:with:colons"
+    assert lease_node(None) is None and lease_node("nonsense") is None
