@@ -134,3 +134,29 @@ def test_compose_sentinel_variant_points_every_role_at_the_sentinels():
         url = services[name]["environment"]["POLAR_REDIS_URL"]
         p = parse_sentinel(url)
         assert p.master == "polar" and len(p.sentinels) == 3, (name, url)
+
+
+def test_up_api_and_cli_on_a_sentinel_url(tmp_path):
+    """`polar-mq up --redis redis+sentinel://...`: the API, gateway and pools it starts and the
+    CLI's cluster view all reach the primary through the Sentinels (no embedded Redis started)."""
+    import subprocess
+
+    from pipeline_support import TINY_AGENT as agent
+    from test_up_durable import Up
+    from polar_mq.embedded_redis import free_port
+
+    cluster = start_sentinel_cluster(tmp_path / "s", replicas=1)
+    up = Up(tmp_path, tmp_path / "home", free_port(), free_port())
+    try:
+        api = up.start("--redis", cluster.url)
+        sub = api.submit({"instruction": "Write hello into polar.txt", "num_samples": 2,
+                          "agent": {"harness": "shell", "options": {"command": [sys.executable, str(agent)]}}})
+        assert [s["state"] for s in api.wait(sub["task_id"], timeout=120)["sessions"]] == ["COMPLETED"] * 2
+        assert cluster.primary().client.exists(*cluster.primary().client.keys("*task*")) > 0
+        out = subprocess.run([sys.executable, "-m", "polar_mq.cli", "status", "--cluster", "--json",
+                              "--redis", cluster.url], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and '"alive": true' in out.stdout, out.stderr[-2000:]
+        assert not (tmp_path / "home" / "redis").exists()  # nothing embedded
+    finally:
+        up.stop()
+        cluster.stop()
