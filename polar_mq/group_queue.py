@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from . import replies
+from . import replicated, replies
 from .store import Keys
 
 WAKE_CAP = 63  # tokens kept in the wakeup list; more only cause spurious wake-ups
@@ -146,8 +146,9 @@ class GroupQueue:
 
     def ack(self, task_id: str, reason: str = "") -> int:
         k = self.keys
-        return int(self._ack(keys=[k.group(task_id), k.groups_pending(), k.groups_leased(), k.counter()],
-                             args=[task_id, repr(time.time()), reason]))
+        return int(replicated.run_script(self.r, self._ack,
+                                         [k.group(task_id), k.groups_pending(), k.groups_leased(), k.counter()],
+                                         [task_id, repr(time.time()), reason], "group ack"))
 
     def info(self, task_id: str) -> dict[str, Any]:
         raw = replies.text_map(self.r.hgetall(self.keys.group(task_id)))

@@ -15,7 +15,9 @@ them. Before an idle connection is reused it is checked with one non-blocking pe
 connection that fails mid-command is dropped, and the error (redis.ConnectionError /
 TimeoutError) reaches the caller exactly as through the client. At most `max_connections` are in
 use at once (callers wait for one: the gateway's thousand streams must not open a thousand
-Redis connections at once).
+Redis connections at once). Connections of a Sentinel-managed client (redis_url.py) ask the
+Sentinels for the primary when they connect, and one that meets a demoted primary (READONLY) is
+dropped and its call fails as a ConnectionError (tests/test_sentinel.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Any, Sequence
 import redis
 from hiredis import pack_command  # a dependency (setup.py): redis-py's HiredisRespSerializer uses it too
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.sentinel import SentinelManagedConnection
 
 from .fast_send import send_all
 from .idle_socket import idle_and_open
@@ -101,6 +104,9 @@ class RedisWire:
         self._lock = short_lock()  # only the list: the peek and connect happen outside
         self._slots = bounded_semaphore(max_connections)
         self._pid = os.getpid()
+        from .replicated import wait_command
+
+        self._wait = wait_command(client)  # Sentinel mode: a transaction waits for a replica
 
     def _take(self) -> Any:
         while True:
@@ -168,7 +174,11 @@ class RedisWire:
     def send_transaction(self, commands: Sequence[Command]) -> "Sent":
         """`transaction` sent, its replies not read yet: `exec_replies(sent.replies())`."""
         wire: list[Command] = [("MULTI",), *commands, ("EXEC",)]
-        return self.send(wire, len(wire))
+        if self._wait is None:
+            return self.send(wire, len(wire))
+        sent = self.send([*wire, self._wait], len(wire) + 1)
+        sent._waited = True
+        return sent
 
     @staticmethod
     def exec_replies(replies: list[Any]) -> list[Any]:
@@ -184,10 +194,19 @@ class RedisWire:
         return list(result)
 
 
+def _demoted(reply: Any) -> bool:
+    """A reply that says this connection's server is no longer the primary: a write refused
+    (READONLY) or a blocked command released by the demotion (UNBLOCKED ...)."""
+    return isinstance(reply, ReadOnlyError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("UNBLOCKED force unblock"))
+
+
 class Sent:
     """Commands a RedisWire wrote whose replies are not read yet. `replies()` reads them once
     and gives the connection back (closed when the read failed); it must follow, or the
     connection and its slot stay taken."""
+
+    _waited = False  # the last command sent is a WAIT (replicated.py): its reply is not the caller's
 
     def __init__(self, wire: RedisWire, conn: Any, replies: int):
         self._wire, self._conn, self._n = wire, conn, replies
@@ -198,7 +217,14 @@ class Sent:
             raise RuntimeError("the replies were read already")
         try:
             out = read_replies(conn, self._n)  # a failed read closes the connection
+            if isinstance(conn, SentinelManagedConnection) and any(map(_demoted, out)):
+                conn.disconnect()  # the next connect asks the Sentinels for the new primary
+                raise redis.ConnectionError("the primary was demoted (failover); nothing was written")
             self._wire._give_back(conn)
+            if self._waited:
+                from .replicated import acked
+
+                acked(out.pop(), "gateway record")
             return out
         finally:
             self._wire._slots.release()

@@ -63,6 +63,9 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
                 "accesslog": None,
                 "loglevel": "warning",
             }
+            # A worker whose master is gone exits at once (gracefully), not at its next
+            # parent check: `polar-mq up` killed leaves nothing (supervise.py).
+            self.options["post_fork"] = _follow_master
             if on_child_exit is not None:
                 self.options["child_exit"] = lambda server, worker: on_child_exit(worker.pid)
             super().__init__()
@@ -76,3 +79,11 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
 
     print(f"polar_mq {name} on http://{host}:{port}", flush=True)
     Application().run()
+
+
+def _follow_master(server: Any, worker: Any) -> None:  # noqa: ARG001  (gunicorn's hook signature)
+    import signal
+
+    from .supervise import follow_parent
+
+    follow_parent(signal.SIGTERM, worker.ppid)

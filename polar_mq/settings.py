@@ -173,6 +173,8 @@ class PipelineSettings:
     lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
     visibility_timeout: float = 6 * 3600.0  # broker redelivery; leases + the janitor recover sooner
     janitor_interval: float = 5.0
+    # A host whose beat stops: its sessions move on within this many seconds (tasks/host_loss.py).
+    host_loss_seconds: float = 10.0
     max_attempts: int = 3  # janitor takeovers per session before it is given up as ERROR
     sessions_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "sessions")
     results_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "results")
@@ -216,6 +218,7 @@ class PipelineSettings:
         s.lease_ttl = _env_float("POLAR_LEASE_TTL", s.lease_ttl)
         s.visibility_timeout = _env_float("POLAR_VISIBILITY_TIMEOUT", s.visibility_timeout)
         s.janitor_interval = _env_float("POLAR_JANITOR_INTERVAL", s.janitor_interval)
+        s.host_loss_seconds = _env_float("POLAR_HOST_LOSS_SECONDS", s.host_loss_seconds)
         s.max_attempts = int(env.get("POLAR_MAX_ATTEMPTS") or s.max_attempts)
         s.sessions_dir = env.get("POLAR_SESSIONS_DIR") or s.sessions_dir
         s.results_dir = env.get("POLAR_RESULTS_DIR") or s.results_dir

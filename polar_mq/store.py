@@ -211,18 +211,19 @@ def _guard(fn):
 
 
 def connect(url: str, *, ride_out_outages: float = 0.0) -> redis.Redis:
-    """A Redis client. The gateway uses short timeouts (it must answer 503 quickly when Redis is
+    """A Redis client for any URL redis_url.client accepts (Sentinel included). The gateway uses short timeouts (it must answer 503 quickly when Redis is
     down); workers pass `ride_out_outages` seconds to retry through a Redis restart instead."""
+    from .redis_url import client
+
     if ride_out_outages <= 0:
-        return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5,
-                                    health_check_interval=30)
+        return client(url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=30)
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
     retries = max(1, int(ride_out_outages / 1.0))
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=10,
-                                retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries),
-                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    return client(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=10,
+                  retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), retries),
+                  retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 class KnownChunks:

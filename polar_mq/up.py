@@ -2,7 +2,9 @@
 
 Embedded Redis when none is configured, the stand-in model server when no upstream is given,
 then the gateway, the rollout API, the three stage pools and Flower as child processes. SIGTERM
-or SIGINT stops them all; a child that dies takes the whole group down (loudly).
+or SIGINT stops them all; a child that dies takes the whole group down (loudly); `up` dying, even
+by kill -9, takes its children with it (supervise.py). The embedded Redis keeps its data in
+`$POLAR_HOME/redis/` (append-only file) for the next `up`; `--fresh` starts from nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from . import tokens
 from .cli import STAGE_CONCURRENCY, redact_url
 from .embedded_redis import ensure_redis, free_port, password_file
 from .logcap import RotatingLog, pump
-from .settings import TokenSettings
+from .settings import TokenSettings, polar_home
+from .supervise import UpLock, die_with_parent
 from .tasks.routing import QUEUES
 
 
@@ -54,10 +57,11 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 1
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path, env: dict[str, str]):
+    def __init__(self, log_dir: Path, env: dict[str, str], lock: UpLock | None = None):
         self.log_dir = log_dir
         self.env = env
         self.children: list[Child] = []
+        self.lock = lock  # lists each child for a later `up` to end (supervise.py)
 
     def spawn(self, name: str, args: list[str]) -> Child:
         """Start a child; its output goes through a pipe into `<log_dir>/<name>.log`, rotated at
@@ -65,7 +69,9 @@ class Supervisor:
         log = RotatingLog(self.log_dir / f"{name}.log")
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
+        if self.lock is not None:
+            self.lock.add_child(name, proc.pid)
         pump(proc.stdout, log)  # type: ignore[arg-type]
         child = Child(name, proc)
         self.children.append(child)
@@ -146,7 +152,8 @@ class Stack:
 def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int = 8600,
            flower_port: int = 5555, redis: str | None = None, upstreams: list[str] | None = None,
            concurrency: tuple[int, ...] = tuple(STAGE_CONCURRENCY.values()), flower: bool = True,
-           extra_env: dict[str, str] | None = None, dev: bool = False) -> Stack:
+           extra_env: dict[str, str] | None = None, dev: bool = False,
+           data_dir: Path | None = None, fresh: bool = False, lock: UpLock | None = None) -> Stack:
     """Start every role as child processes and wait until the API and gateway answer.
 
     Every service requires the token (generated into $POLAR_HOME/token when none is set) and
@@ -165,7 +172,9 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /
                    time.strftime("%Y%m%d-%H%M%S"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    redis_url, embedded = ensure_redis(redis)
+    redis_url, embedded = ensure_redis(redis, data_dir=data_dir, fresh=fresh)
+    if embedded is not None and lock is not None:
+        lock.add_child("redis", embedded.process.pid)
     gateway_url = f"http://{host}:{gateway_port}"
     api_url = f"http://{host}:{api_port}"
     env = {"POLAR_REDIS_URL": redis_url, "POLAR_GATEWAY_URL": gateway_url, "POLAR_API_URL": api_url}
@@ -180,7 +189,7 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     if not (flower and importlib.util.find_spec("flower") is not None):
         env.setdefault("POLAR_TASK_EVENTS", os.environ.get("POLAR_TASK_EVENTS", "0"))  # only Flower reads them
     env.update(extra_env or {})
-    sup = Supervisor(log_dir, env)
+    sup = Supervisor(log_dir, env, lock)
     try:
         upstreams = list(upstreams or [])
         if not upstreams:
@@ -220,12 +229,25 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
 
 
 def main(args: argparse.Namespace) -> int:
-    stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
-                   flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
-                   concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
-                   flower=not args.no_flower, dev=args.dev)
+    home = polar_home()
+    lock = UpLock(home)
     try:
-        print("polar_mq is up\n" + stack.describe(), flush=True)
-        return stack.supervisor.watch()
+        lock.acquire()
+    except RuntimeError as exc:
+        print(f"polar-mq up: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        lock.end_leftovers()  # what a previous `up` killed before it could stop them left running
+        data_dir = None if (args.redis or os.environ.get("POLAR_REDIS_URL")) else home / "redis"
+        stack = launch(host=args.host, api_port=args.api_port, gateway_port=args.gateway_port,
+                       flower_port=args.flower_port, redis=args.redis, upstreams=args.upstream,
+                       concurrency=(args.init_concurrency, args.run_concurrency, args.postrun_concurrency),
+                       flower=not args.no_flower, dev=args.dev, data_dir=data_dir,
+                       fresh=bool(getattr(args, "fresh", False)), lock=lock)
+        try:
+            print("polar_mq is up\n" + stack.describe(), flush=True)
+            return stack.supervisor.watch()
+        finally:
+            stack.stop()
     finally:
-        stack.stop()
+        lock.release()

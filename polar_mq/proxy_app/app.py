@@ -72,12 +72,10 @@ def redis_client(url: str, max_connections: int = 512):
     """The gateway's Redis client: `store.connect`'s timeouts, and a blocking pool, so that a
     thousand streams starting at once wait a moment for a connection instead of failing with
     "Too many connections" (redis-py's default pool raises past 100)."""
-    import redis
+    from ..redis_url import client
 
-    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=10,
-                                                 socket_connect_timeout=2, socket_timeout=5,
-                                                 health_check_interval=30)
-    return redis.Redis(connection_pool=pool)
+    return client(url, blocking_pool=True, max_connections=max_connections, pool_timeout=10,
+                  socket_connect_timeout=2, socket_timeout=5, health_check_interval=30)
 
 
 def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,

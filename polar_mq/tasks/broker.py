@@ -80,3 +80,15 @@ class Transport(kredis.Transport):
 
 
 TRANSPORT = f"{__name__}:Transport"
+
+
+class SentinelChannel(Channel, kredis.SentinelChannel):
+    """Channel's fixes on kombu's Sentinel channel: the pool asks the Sentinels for the primary
+    on every new connection, so a reconnect after a failover lands on the new one."""
+
+
+class SentinelTransport(kredis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"

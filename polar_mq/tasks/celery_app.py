@@ -14,11 +14,18 @@ from .routing import QUEUES, STAGE_QUEUE, INIT_TASK, task_routes
 
 def make_celery(settings: PipelineSettings | None = None) -> Celery:
     settings = settings or PipelineSettings.from_env()
-    app = Celery("polar_mq", broker=settings.redis_url, backend=None)
+    from ..redis_url import celery_broker, is_sentinel
+
+    broker_url, sentinel_options = celery_broker(settings.redis_url)
+    app = Celery("polar_mq", broker=broker_url, backend=None)
     if settings.redis_url.startswith(("redis://", "rediss://", "unix://")):
         from .broker import TRANSPORT
 
         app.conf.broker_transport = TRANSPORT  # survives a Redis restart (see broker.py)
+    elif is_sentinel(settings.redis_url):
+        from .broker import SENTINEL_TRANSPORT
+
+        app.conf.broker_transport = SENTINEL_TRANSPORT  # the same fixes, primary from Sentinel
     app.conf.update(
         task_queues=[Queue(q) for q in QUEUES],
         task_default_queue=STAGE_QUEUE[INIT_TASK],
@@ -41,6 +48,7 @@ def make_celery(settings: PipelineSettings | None = None) -> Celery:
             "visibility_timeout": settings.visibility_timeout,
             # kombu scans unacked messages rarely by default (~100 s); leases do the fast path.
             "unacked_restore_interval": 5,
+            **sentinel_options,  # master_name (redis_url.celery_broker)
         },
     )
     app.conf.polar_settings = settings

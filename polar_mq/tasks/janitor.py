@@ -111,8 +111,29 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
     stop = stop or threading.Event()
     interval = ctx.settings.janitor_interval
 
+    from .host_loss import STALL, HostWatch, check_interval
+
+    hosts = HostWatch(ctx)
+    every = min(interval, check_interval(ctx.settings.host_loss_seconds))
+    next_sweep = time.monotonic() + interval
+
     def loop() -> None:
-        while not stop.wait(interval):
+        nonlocal next_sweep
+        while not stop.wait(every):
+            try:  # once a second: a node that stopped beating (host_loss.py)
+                asked = time.monotonic()
+                mine = ctx.store.r.set(ctx.store.keys.janitor_lock() + ":hosts", ctx.node, nx=True,
+                                       px=int(every * 1000))
+                if time.monotonic() - asked > STALL:
+                    hosts.failed()
+                elif mine:
+                    hosts.tick()
+            except Exception:
+                hosts.failed()
+                log.warning("host watch failed", exc_info=True)
+            if time.monotonic() < next_sweep:
+                continue
+            next_sweep = time.monotonic() + interval
             try:
                 if ctx.store.r.set(ctx.store.keys.janitor_lock(), ctx.node, nx=True, px=int(interval * 1000)):
                     sweep(ctx)
@@ -132,10 +153,12 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
 
 def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading.Event | None = None
                     ) -> threading.Thread:
-    """Tell the cluster this node (and this pool on it) is alive: runtimes stamped with a node that
-    stops beating for 2 lease TTLs are prepared again elsewhere (recovery.py)."""
+    """Tell the cluster this node (and this pool on it) is alive: the sessions of a node that stops
+    beating move on elsewhere within host_loss_seconds (host_loss.py)."""
+    from .host_loss import beat_interval, node_timeout
+
     stop = stop or threading.Event()
-    ttl = 2 * ctx.settings.lease_ttl
+    ttl = node_timeout(ctx.settings.host_loss_seconds)
 
     def loop() -> None:
         while True:
@@ -144,7 +167,8 @@ def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading
                 tear_down_leftovers(ctx.store, ctx.settings.node)  # runtimes a partition left here
             except Exception:
                 log.debug("node beat failed", exc_info=True)
-            if stop.wait(min(ctx.settings.janitor_interval, ctx.settings.lease_ttl / 3)):
+            if stop.wait(min(ctx.settings.janitor_interval, ctx.settings.lease_ttl / 3,
+                             beat_interval(ctx.settings.host_loss_seconds))):
                 return
 
     thread = threading.Thread(target=loop, name="polar-node-beat", daemon=True)

@@ -13,6 +13,7 @@ of this attempt is accepted, whatever the worker believes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -50,11 +51,13 @@ _KEEPER = Ticker("polar-lease-keeper")
 
 
 class Lease:
-    def __init__(self, store: PipelineStore, session_id: str, ttl: float):
+    def __init__(self, store: PipelineStore, session_id: str, ttl: float, node: str | None = None):
         self.store = store
         self.session_id = session_id
         self.ttl = ttl
-        self.token = f"{node_name()}:{uuid.uuid4().hex[:8]}"
+        # `<node>:<pid>:<random>`: the node names the host that holds it (host_loss.lease_node)
+        self.token = f"{node}:{os.getpid()}" if node else node_name()
+        self.token += f":{uuid.uuid4().hex[:8]}"
         self.lost = LeaseLost(ttl)
         self.task_cancelled = False  # the task's cancel flag when the lease was taken (enter_stage)
         self.due = 0.0  # next renewal (monotonic), kept by the process's keeper (_KEEPER)

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import redis
 
-from .. import histograms, replies, session_cas, states
+from .. import histograms, replicated, replies, session_cas, states
 from ..group_queue import GroupQueue
 from ..model import SessionRecord, Trajectory
 from ..store import Keys, pack, unpack
@@ -250,7 +250,7 @@ class PipelineStore:
                 release=release, ready=ready,
                 ready_histogram_key=self.keys.histogram(histograms.READY_OCCUPANCY.name),
                 ready_buckets=tuple(histograms.READY_OCCUPANCY.buckets) if ready else ())
-            answer = self._cas(keys=keys, args=args)
+            answer = replicated.run_script(self.r, self._cas, keys, args, "session state change")
             if answer == 1:
                 self._remember(session_id, None if terminal else new_blob)
                 return rec

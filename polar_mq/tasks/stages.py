@@ -81,7 +81,7 @@ def stage(*accepts: str):
         def run(ctx: StageContext, session_id: str) -> str:
             handoff = Handoff(ctx)
             try:
-                lease = Lease(ctx.store, session_id, ctx.settings.lease_ttl)
+                lease = Lease(ctx.store, session_id, ctx.settings.lease_ttl, node=ctx.settings.node)
                 # Record, state check, lease and the task's cancel flag in one round trip.
                 entry = ctx.store.enter_stage(session_id, accepts, lease.token, ctx.settings.lease_ttl)
                 rec = entry.rec
