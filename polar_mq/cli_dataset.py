@@ -22,6 +22,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                                             "'sweb.eval.x86_64.{instance_id}:latest' ({instance_id} in swebench's "
                                             "image form: lower case, __ → _1776_; {instance_id_raw} as written)")
     p.add_argument("--split", help="with a DatasetDict directory: the split (default train)")
+    p.add_argument("--early-stop", type=int, metavar="N", dest="early_stop",
+                   help="early_stop_min_usable_sessions of every task: once N sessions are graded "
+                        "without ERROR the others are cancelled")
+    p.add_argument("--priority", type=int, metavar="P", dest="priority",
+                   help="dispatch_priority of every task (higher first; default 0)")
 
 
 def submit_dataset(args: argparse.Namespace) -> int:
@@ -42,7 +47,8 @@ def submit_dataset(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     opts = TaskOptions(samples=args.samples, policy_version=args.policy_version,
-                       image_template=args.image_template, limit=args.limit, shuffle=args.shuffle, seed=args.seed)
+                       image_template=args.image_template, limit=args.limit, shuffle=args.shuffle, seed=args.seed,
+                       early_stop=args.early_stop, priority=args.priority)
     built = build_tasks(rows, template, opts)
     console = Console(stderr=True)
     client = Client(url=args.api, token=args.token)

@@ -122,7 +122,8 @@ def _submit(args: argparse.Namespace) -> int:
         return 2
     client = _client(args)
     try:
-        answer = client.submit(args.file)
+        answer = client.submit(args.file, early_stop_min_usable_sessions=args.early_stop,
+                               dispatch_priority=args.priority)
     except FileNotFoundError as exc:
         _err(str(exc))
         return 2

@@ -14,6 +14,7 @@ from ..tasks.pipeline_store import Conflict
 from ..tasks.taskspec import ValidationError, parse_task
 from ..tasks.routing import INIT_TASK, STAGE_QUEUE
 from ..tasks.endings import finish_early
+from ..tasks import early_stop
 from . import views
 from .context import ctx
 from .problems import Problem, not_found, validation
@@ -156,6 +157,7 @@ def task_status(task_id: str) -> Response:
     stored = _task_or_404(task_id)
     records = c.store.get_sessions(c.store.session_ids(task_id))
     body = views.task_status(task_id, stored, records, cancelled=c.store.is_cancelled(task_id))
+    body.update(early_stop.view(c.store, task_id))  # cancelled by a user vs. early-stopped sessions
     body["request"] = stored.get("spec")  # the TaskRequest as stored
     body["callbacks"] = c.store.callbacks(task_id)  # signed deliveries: delivered | retrying | dead_letter
     return jsonify(body)

@@ -26,6 +26,7 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
+from . import early_stop
 from .cancel_watch import CancelWatch
 from .routing import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
@@ -337,6 +338,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
         trace.reward = traj.reward
     stamp_versions(traj, calls, task.metadata)  # policy_version on trajectory and traces
     traj.status = outcome
+    early_stop.label(store, traj, traj.error)  # cancelled by early stop: kept, labelled
     timings = dict(rec.timings)
     traj.metadata["timings"] = timings
     store.save_trajectory(traj)
@@ -353,6 +355,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     if moved is None:
         return "skipped"
     rec = moved
+    early_stop.after_graded(ctx, task, rec)  # enough usable sessions: stop the task's others
     send_callbacks(ctx, task, rec, traj)
     return outcome.lower()
 
