@@ -15,6 +15,7 @@ from ..tasks.taskspec import ValidationError, parse_task
 from ..tasks.routing import INIT_TASK, STAGE_QUEUE
 from ..tasks.endings import finish_early
 from ..tasks import early_stop
+from ..tasks.priority import level
 from . import views
 from .context import ctx
 from .problems import Problem, not_found, validation
@@ -80,18 +81,20 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
     return number
 
 
-def _enqueue_init(session_ids: list[str]) -> None:
+def _enqueue_init(session_ids: list[str], priority: int = 0) -> None:
     """A task's init messages in one pipelined write (kombu's Producer.batch) instead of one
     round trip each: the submit of many sessions was ~0.6 ms of API CPU per session
     (bench_dispatch). A failed batch is sent again whole, as the per-message retries did
     (SEND_RETRY); a message that got through twice is a duplicate delivery, which init skips."""
     c = ctx()
+    lvl = {"priority": level(priority)} if priority else {}  # dispatch_priority (tasks/priority.py)
     tries = int(SEND_RETRY["max_retries"]) + 1
     for attempt in range(tries):
         try:
             with c.celery.producer_or_acquire() as producer, producer.batch():
                 for sid in session_ids:
-                    c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], producer=producer)
+                    c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], producer=producer,
+                                       **lvl)
             return
         except Exception:
             if attempt == tries - 1:
@@ -115,13 +118,13 @@ def submit() -> tuple[Response, int]:
                       task_id=task.task_id)
     marker = c.enqueued_key(task.task_id)
     if created:
-        _enqueue_init(sids)
+        _enqueue_init(sids, task.dispatch_priority)
         c.redis.set(marker, 1)
     elif not c.redis.exists(marker):
         # A previous submit stored the task but did not finish enqueueing (broker down, crash):
         # hand the still-registered sessions to init again. Stage workers ignore duplicates.
         waiting = [r.session_id for r in c.store.get_sessions(sids) if r.state == states.REGISTERED]
-        _enqueue_init(waiting)
+        _enqueue_init(waiting, task.dispatch_priority)
         c.redis.set(marker, 1)
     resp = jsonify({"task_id": task.task_id, "session_ids": sids})
     if created:
