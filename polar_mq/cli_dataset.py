@@ -11,7 +11,8 @@ import sys
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="JSONL, JSON, Parquet or a local Hugging Face datasets directory: "
-                                     "one task per row")
+                                     "one task per row; or a Harbor task directory (or a directory of "
+                                     "them): its image built with the local Docker engine, grader harbor")
     p.add_argument("--template", help="with --dataset: TaskRequest YAML/JSON the rows are merged into")
     p.add_argument("--samples", type=int, help="with --dataset: num_samples of every task (the group size)")
     p.add_argument("--limit", type=int, help="with --dataset: only the first N rows (after --shuffle)")
@@ -40,8 +41,13 @@ def submit_dataset(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         print("error: --samples must be at least 1", file=sys.stderr)
         return 2
+    from .datasets import harbor
+
     try:
-        rows = load_rows(args.dataset, split=args.split)
+        if harbor.is_harbor(args.dataset):  # a Harbor task dir, or a dir of them: images built here
+            rows = harbor.load_rows(args.dataset, args.policy_version)
+        else:
+            rows = load_rows(args.dataset, split=args.split)
         template = load_template(args.template)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
