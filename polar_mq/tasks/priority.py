@@ -62,9 +62,14 @@ def depths(r, queues: Iterable[str]) -> dict[str, int]:
 
 
 def task_level(store: PipelineStore, session_id: str) -> int:
-    """The queue level of the task a session belongs to (0 when unknown)."""
-    rec = store.known_session(session_id)
-    task = store.cached_task_request(rec.task_id) if rec is not None else None
+    """The queue level of the task a session belongs to (0 when unknown). Session ids are
+    `<task id>-<index>-<suffix>` (PipelineStore.create_task): the task is found from the id and
+    its parsed request cached per process, so a hand-off decodes no record for this."""
+    head = session_id.rsplit("-", 2)[0]
+    task = store.cached_task_request(head) if head != session_id else None
+    if task is None:
+        rec = store.known_session(session_id)
+        task = store.cached_task_request(rec.task_id) if rec is not None else None
     return level(task.dispatch_priority) if task is not None else 0
 
 
