@@ -65,7 +65,10 @@ def test_high_priority_task_starts_before_the_queued_ones(client, pipeline):
     # (capacity 2), the running one and one prefetched message per pool.
     assert queued_at_submit >= LOW_TASKS * LOW_SAMPLES - 10, queued_at_submit
     assert len(ran_before) <= 6, (len(ran_before), queued_at_submit)
-    assert len(inited_before) <= 4, (len(inited_before), queued_at_submit)
+    # Init may also see a few more: a message its worker deferred ("busy": a lease still held, the
+    # run pool's beat not yet seen) is retried from the worker's memory (a Celery countdown), not
+    # from the queue, so its level no longer orders it.
+    assert len(inited_before) <= 8, (len(inited_before), queued_at_submit)
     still_queued = sum(1 for r in lows if r.timings.get("running_start", float("inf")) > started)
     assert still_queued >= queued_at_submit - 6
     for i in range(LOW_TASKS):
