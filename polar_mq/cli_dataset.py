@@ -11,7 +11,8 @@ import sys
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="JSONL, JSON, Parquet or a local Hugging Face datasets directory: "
-                                     "one task per row")
+                                     "one task per row; or a Harbor task directory (or a directory of "
+                                     "them): its image built with the local Docker engine, grader harbor")
     p.add_argument("--template", help="with --dataset: TaskRequest YAML/JSON the rows are merged into")
     p.add_argument("--samples", type=int, help="with --dataset: num_samples of every task (the group size)")
     p.add_argument("--limit", type=int, help="with --dataset: only the first N rows (after --shuffle)")
@@ -22,6 +23,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                                             "'sweb.eval.x86_64.{instance_id}:latest' ({instance_id} in swebench's "
                                             "image form: lower case, __ → _1776_; {instance_id_raw} as written)")
     p.add_argument("--split", help="with a DatasetDict directory: the split (default train)")
+    p.add_argument("--early-stop", type=int, metavar="N", dest="early_stop",
+                   help="early_stop_min_usable_sessions of every task: once N sessions are graded "
+                        "without ERROR the others are cancelled")
+    p.add_argument("--priority", type=int, metavar="P", dest="priority",
+                   help="dispatch_priority of every task (higher first; default 0)")
 
 
 def submit_dataset(args: argparse.Namespace) -> int:
@@ -35,14 +41,20 @@ def submit_dataset(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         print("error: --samples must be at least 1", file=sys.stderr)
         return 2
+    from .datasets import harbor
+
     try:
-        rows = load_rows(args.dataset, split=args.split)
+        if harbor.is_harbor(args.dataset):  # a Harbor task dir, or a dir of them: images built here
+            rows = harbor.load_rows(args.dataset, args.policy_version)
+        else:
+            rows = load_rows(args.dataset, split=args.split)
         template = load_template(args.template)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     opts = TaskOptions(samples=args.samples, policy_version=args.policy_version,
-                       image_template=args.image_template, limit=args.limit, shuffle=args.shuffle, seed=args.seed)
+                       image_template=args.image_template, limit=args.limit, shuffle=args.shuffle, seed=args.seed,
+                       early_stop=args.early_stop, priority=args.priority)
     built = build_tasks(rows, template, opts)
     console = Console(stderr=True)
     client = Client(url=args.api, token=args.token)

@@ -100,10 +100,22 @@ class Client:
         return resp.json() if "json" in ctype else resp.text
 
     # --- API ------------------------------------------------------------------------------------
-    def submit(self, task: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-        """Submit a TaskRequest (a dict, or a path to a YAML/JSON file) → {"task_id", "session_ids"}."""
+    def submit(self, task: dict[str, Any] | str | os.PathLike[str], *,
+               early_stop_min_usable_sessions: int | None = None,
+               dispatch_priority: int | None = None) -> dict[str, Any]:
+        """Submit a TaskRequest (a dict, or a path to a YAML/JSON file) → {"task_id", "session_ids"}.
+        `early_stop_min_usable_sessions` / `dispatch_priority`, when given, are set on it."""
+        over = {k: v for k, v in (("early_stop_min_usable_sessions", early_stop_min_usable_sessions),
+                                  ("dispatch_priority", dispatch_priority)) if v is not None}
+        if over and not isinstance(task, dict):
+            import yaml
+
+            loaded = yaml.safe_load(Path(task).read_text(encoding="utf-8"))
+            if not isinstance(loaded, dict):  # the API says what is wrong with it
+                return self._request("POST", "/v1/tasks", json=loaded)
+            task = loaded
         if isinstance(task, dict):
-            return self._request("POST", "/v1/tasks", json=task)
+            return self._request("POST", "/v1/tasks", json={**task, **over})
         path = Path(task)
         text = path.read_text(encoding="utf-8")
         return self._request("POST", "/v1/tasks", data=text.encode("utf-8"),

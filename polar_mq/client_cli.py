@@ -77,7 +77,8 @@ def summary_table(status: dict[str, Any]):
                       reward, "" if secs is None else str(secs), (s.get("error") or "")[:120])
     counts = ", ".join(f"{k}={v}" for k, v in (status.get("counts") or {}).items())
     mean = status.get("mean_reward")
-    table.caption = counts + ("" if mean is None else f"; mean reward {mean:.3g}")
+    table.caption = counts + ("" if mean is None else f"; mean reward {mean:.3g}") + \
+        (f"; {status['early_stopped']} early-stopped" if status.get("early_stopped") else "")
     return table
 
 
@@ -125,7 +126,8 @@ def _submit(args: argparse.Namespace) -> int:
         return 2
     client = _client(args)
     try:
-        answer = client.submit(args.file)
+        answer = client.submit(args.file, early_stop_min_usable_sessions=args.early_stop,
+                               dispatch_priority=args.priority)
     except FileNotFoundError as exc:
         _err(str(exc))
         return 2

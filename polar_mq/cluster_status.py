@@ -14,13 +14,14 @@ from typing import Any
 
 from .tasks.pipeline_store import PipelineStore
 from .tasks.routing import QUEUES
+from .tasks import priority
 
 
 def collect(store: PipelineStore, default_capacity: int) -> dict[str, Any]:
     now = time.time()
     pools = [p for p in store.pools() if p.get("expires", 0) > now - 300]
     queues = set(QUEUES) | {q for p in pools for q in p.get("queues", [])}
-    depths = {q: store.r.llen(q) for q in sorted(queues)}
+    depths = priority.depths(store.r, sorted(queues))  # every dispatch_priority level counted
     recs = store.get_sessions(store.active_sessions())
     return {
         "nodes": [{"node": n, "alive": exp > now, "expires_in_s": round(exp - now, 1)}

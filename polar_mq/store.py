@@ -116,7 +116,8 @@ class Keys:
     def task_keys(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.task_sessions(task_id), self.task_cancelled(task_id),
                 self.callbacks_done(task_id), self.task_exported(task_id), self.task_terminal(task_id),
-                self.group(task_id), self.task_callbacks(task_id), self.task_enqueued(task_id)]
+                self.group(task_id), self.task_callbacks(task_id), self.task_enqueued(task_id),
+                f"{self.prefix}:task:{task_id}:early_stopped"]  # tasks/early_stop.py
 
     def session_keys(self, session_id: str) -> list[str]:
         return [self.session(session_id), self.lease(session_id), self.trajectory(session_id, "result")]

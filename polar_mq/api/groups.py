@@ -16,6 +16,7 @@ from flask import Blueprint, Response, jsonify, request
 from .. import retention, states
 from ..group_queue import ACK_REASONS, Taken
 from ..store import unpack
+from ..tasks import early_stop
 from .context import ctx
 from .problems import Problem, not_found
 from .routes import _float_arg, _int_arg
@@ -50,13 +51,15 @@ def build_group(taken: Taken, lease_expires_at: float | None = None) -> tuple[di
     records = c.store.get_sessions(c.store.session_ids(taken.task_id))
     blobs = [b for b in c.store.trajectory_blobs([r.session_id for r in records]) if b is not None]
     info = c.store.groups.info(taken.task_id)
+    stopped = early_stop.stopped(c.store, taken.task_id)  # sessions cancelled by early stop
     group = {
         "task_id": taken.task_id,
         "metadata": metadata,
         "policy_version": policy_version_of(metadata),
         "delivery": taken.delivery,
-        "sessions": [{"session_id": r.session_id, "state": r.state, "reward": r.reward, "error": r.error}
-                     for r in records],
+        "sessions": [{"session_id": r.session_id, "state": r.state, "reward": r.reward, "error": r.error,
+                      "early_stopped": r.session_id in stopped} for r in records],
+        "early_stopped": len(stopped),
         "trajectories": None,
         "finished_at": info.get("finished_at"),
         "lease_expires_at": lease_expires_at,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import TERMINAL_STATES, SessionState
-from ..tasks.taskspec import BACKENDS, BUILDERS, HARNESSES
+from ..tasks.taskspec import BACKENDS, BUILDERS, HARNESSES, PRIORITY_LIMIT
 
 SESSION_STATES = [state.value for state in SessionState]
 
@@ -107,6 +107,14 @@ SCHEMAS: dict[str, Any] = {
             "grader": {"allOf": [_ref("Strategy")], "description": "default completion; `evaluator` is an alias"},
             "callback_url": {"type": "string", "format": "uri"},
             "metadata": {"type": "object"},
+            "early_stop_min_usable_sessions": {
+                "type": "integer", "minimum": 1, "maximum": 10000,
+                "description": "at most num_samples; once this many sessions are graded without ERROR "
+                               "the task's other sessions are cancelled as DELETE cancels them (their "
+                               "partial trajectories kept, metadata.early_stopped: true)"},
+            "dispatch_priority": {
+                "type": "integer", "default": 0, "minimum": -PRIORITY_LIMIT, "maximum": PRIORITY_LIMIT,
+                "description": "higher first, across tasks, for init and READY"},
         },
     },
     "Submitted": {
@@ -135,7 +143,9 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "task_id": {"type": "string"}, "state": {"enum": ["pending", "running", "done"]},
-            "cancelled": {"type": "boolean"}, "created_at": {"type": "number"},
+            "cancelled": {"type": "boolean", "description": "by DELETE (not by early stop)"},
+            "early_stopped": {"type": "integer", "description": "sessions cancelled by early stop"},
+            "created_at": {"type": "number"},
             "num_samples": {"type": "integer"}, "harness": {"type": "string"},
             "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
             "terminal": {"type": "integer"}, "mean_reward": {"type": ["number", "null"]},
@@ -200,7 +210,9 @@ SCHEMAS: dict[str, Any] = {
     "GroupSession": {
         "type": "object", "required": ["session_id", "state"],
         "properties": {"session_id": {"type": "string"}, "state": {"enum": SESSION_STATES},
-                       "reward": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]}},
+                       "reward": {"type": ["number", "null"]}, "error": {"type": ["string", "null"]},
+                       "early_stopped": {"type": "boolean",
+                                         "description": "cancelled by the task's early stop"}},
     },
     "Group": {
         "type": "object", "required": ["task_id", "metadata", "policy_version", "delivery", "sessions", "trajectories"],
@@ -211,6 +223,8 @@ SCHEMAS: dict[str, Any] = {
             "sessions": {"type": "array", "items": _ref("GroupSession")},
             "trajectories": {"type": "array", "items": _ref("Trajectory")},
             "finished_at": {"type": ["number", "null"]}, "lease_expires_at": {"type": ["number", "null"]},
+            "early_stopped": {"type": "integer", "minimum": 0,
+                              "description": "sessions the task's early stop cancelled"},
         },
     },
     "GroupStats": {

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 
 from .. import histograms, retention, states
 from ..tasks.routing import QUEUES
+from ..tasks import priority
 from ..pause_state import PauseState
 from .context import ctx
 from .openapi import document
@@ -19,11 +20,7 @@ bp = Blueprint("ops", __name__)
 
 
 def queue_lengths() -> dict[str, int]:
-    c = ctx()
-    with c.redis.pipeline(transaction=False) as pipe:
-        for q in QUEUES:
-            pipe.llen(q)
-        return dict(zip(QUEUES, (int(n) for n in pipe.execute())))
+    return priority.depths(ctx().redis, QUEUES)  # every dispatch_priority level counted
 
 
 @bp.get("/health")

@@ -14,6 +14,8 @@ from ..tasks.pipeline_store import Conflict
 from ..tasks.taskspec import ValidationError, parse_task
 from ..tasks.routing import INIT_TASK, STAGE_QUEUE
 from ..tasks.endings import finish_early
+from ..tasks import early_stop
+from ..tasks.priority import level
 from . import admission, views
 from .auth import principal
 from .context import ctx
@@ -80,18 +82,20 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
     return number
 
 
-def _enqueue_init(session_ids: list[str]) -> None:
+def _enqueue_init(session_ids: list[str], priority: int = 0) -> None:
     """A task's init messages in one pipelined write (kombu's Producer.batch) instead of one
     round trip each: the submit of many sessions was ~0.6 ms of API CPU per session
     (bench_dispatch). A failed batch is sent again whole, as the per-message retries did
     (SEND_RETRY); a message that got through twice is a duplicate delivery, which init skips."""
     c = ctx()
+    lvl = {"priority": level(priority)} if priority else {}  # dispatch_priority (tasks/priority.py)
     tries = int(SEND_RETRY["max_retries"]) + 1
     for attempt in range(tries):
         try:
             with c.celery.producer_or_acquire() as producer, producer.batch():
                 for sid in session_ids:
-                    c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], producer=producer)
+                    c.celery.send_task(INIT_TASK, args=[sid], queue=STAGE_QUEUE[INIT_TASK], producer=producer,
+                                       **lvl)
             return
         except Exception:
             if attempt == tries - 1:
@@ -117,13 +121,13 @@ def submit() -> tuple[Response, int]:
                       task_id=task.task_id)
     marker = c.enqueued_key(task.task_id)
     if created:
-        _enqueue_init(sids)
+        _enqueue_init(sids, task.dispatch_priority)
         c.redis.set(marker, 1)
     elif not c.redis.exists(marker):
         # A previous submit stored the task but did not finish enqueueing (broker down, crash):
         # hand the still-registered sessions to init again. Stage workers ignore duplicates.
         waiting = [r.session_id for r in c.store.get_sessions(sids) if r.state == states.REGISTERED]
-        _enqueue_init(waiting)
+        _enqueue_init(waiting, task.dispatch_priority)
         c.redis.set(marker, 1)
     resp = jsonify({"task_id": task.task_id, "session_ids": sids})
     if created:
@@ -159,6 +163,7 @@ def task_status(task_id: str) -> Response:
     stored = _task_or_404(task_id)
     records = c.store.get_sessions(c.store.session_ids(task_id))
     body = views.task_status(task_id, stored, records, cancelled=c.store.is_cancelled(task_id))
+    body.update(early_stop.view(c.store, task_id))  # cancelled by a user vs. early-stopped sessions
     body["request"] = stored.get("spec")  # the TaskRequest as stored
     body["callbacks"] = c.store.callbacks(task_id)  # signed deliveries: delivered | retrying | dead_letter
     return jsonify(body)

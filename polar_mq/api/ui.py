@@ -19,6 +19,7 @@ from .. import states
 from ..model import Trajectory
 from . import ui_auth, ui_views
 from ..pause_state import PauseState
+from ..tasks import early_stop
 from .context import ctx
 from .problems import Problem, not_found
 from .ui_gateway import GatewayReader, GatewayUnavailable
@@ -106,7 +107,8 @@ def api_task(task_id: str) -> Response:
     c = ctx()
     stored = _task(task_id)
     records = c.store.get_sessions(c.store.session_ids(task_id))
-    return jsonify({**ui_views.task_view(task_id, stored, records, c.store.is_cancelled(task_id)), "now": time.time()})
+    return jsonify({**ui_views.task_view(task_id, stored, records, c.store.is_cancelled(task_id)),
+                    **early_stop.view(c.store, task_id), "now": time.time()})
 
 
 def _session_page(session_id: str) -> dict[str, Any]:

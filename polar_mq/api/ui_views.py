@@ -52,6 +52,7 @@ def task_view(task_id: str, stored: dict[str, Any], records: list[SessionRecord]
     body["policy_version"] = policy_version(meta)
     body["metadata"] = meta
     body["agent"] = spec.get("agent") or {}
+    body["dispatch_priority"] = spec.get("dispatch_priority") or 0
     body["builder"] = spec.get("builder") or {}
     body["grader"] = {"strategy": (spec.get("grader") or {}).get("strategy")}
     by_id = {r.session_id: r for r in records}

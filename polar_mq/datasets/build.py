@@ -31,7 +31,8 @@ from . import swebench_rows
 from .readers import DatasetError, Row
 
 TASK_FIELDS = ("task_id", "instruction", "num_samples", "timeout_seconds", "agent", "runtime", "builder",
-               "grader", "evaluator", "callback_url", "metadata")
+               "grader", "evaluator", "callback_url", "metadata", "early_stop_min_usable_sessions",
+               "dispatch_priority")
 _ID_OK = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -43,6 +44,8 @@ class TaskOptions:
     limit: int | None = None
     shuffle: bool = False
     seed: int | None = None
+    early_stop: int | None = None  # early_stop_min_usable_sessions of every task
+    priority: int | None = None  # dispatch_priority of every task
 
 
 @dataclass
@@ -142,6 +145,10 @@ def build_task(row: dict[str, Any], template: dict[str, Any], opts: TaskOptions)
         body["num_samples"] = opts.samples
     if opts.policy_version is not None:
         body["metadata"] = {**(body.get("metadata") or {}), "policy_version": opts.policy_version}
+    if opts.early_stop is not None:
+        body["early_stop_min_usable_sessions"] = opts.early_stop
+    if opts.priority is not None:
+        body["dispatch_priority"] = opts.priority
     try:
         parse_task(body)
     except ValidationError as exc:

@@ -2,7 +2,9 @@
 
 Built in: `completion` (1.0 if the session COMPLETED), `test_runner` (run a test command, parse
 pytest / JUnit / `PASSED|FAILED name` output), `swebench` (SWE-bench / SWE-Gym: the agent's diff on
-a fresh runtime, the instance's eval script, swebench's report). Others load by `module:Class`
+a fresh runtime, the instance's eval script, swebench's report), `harbor` (a Harbor task's
+tests/test.sh in a fresh container from the session's, its reward file), `rubric` (a judge model
+through the gateway scores the trajectory against a rubric, per criterion). Others load by `module:Class`
 or by name from the `polar_mq.graders` entry-point group:
 
     [options.entry_points]            # setup.cfg of a plug-in package
@@ -57,6 +59,8 @@ _BUILTIN = {
     "test_runner": "polar_mq.graders.test_runner:TestRunnerGrader",
     "swebench": "polar_mq.graders.swebench:SWEBenchGrader",
     "swe_gym": "polar_mq.graders.swebench:SWEBenchGrader",
+    "harbor": "polar_mq.graders.harbor:HarborGrader",
+    "rubric": "polar_mq.graders.rubric:RubricGrader",
 }
 _REGISTERED: dict[str, Any] = {}
 

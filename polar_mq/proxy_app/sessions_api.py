@@ -133,12 +133,18 @@ def register(app: Flask, gw: "Gateway") -> None:
     @app.get("/sessions/<session_id>/calls")
     def calls(session_id: str) -> Response:
         try:
-            if gw.store.get_session(session_id) is None:
+            session = gw.store.get_session(session_id)
+            if session is None:
                 return problem(404, "Not Found", f"no session {session_id!r}")
             records = gw.store.calls(session_id)
         except StoreUnavailable as exc:
             return problem(503, "Service Unavailable", str(exc))
-        return jsonify({"session_id": session_id, "calls": [r.to_dict() for r in records]})
+        calls = [r.to_dict() for r in records]
+        role = (session.metadata or {}).get("role")
+        if role:  # e.g. a rubric judge's session (graders/rubric.py): every record says so
+            for call in calls:
+                call["metadata"] = {**(call.get("metadata") or {}), "role": role}
+        return jsonify({"session_id": session_id, "calls": calls})
 
     @app.get("/sessions/<session_id>/trajectory")
     def trajectory(session_id: str) -> Response:

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 
+from .priority import LEVELS, consume_order
+
 log = logging.getLogger("polar_mq.broker")
 
 
@@ -52,7 +54,21 @@ class QoS(kredis.QoS):
         virtual.QoS.ack(self, delivery_tag)
 
 
-class Channel(kredis.Channel):
+class HigherFirst:
+    """Message priorities as dispatch_priority orders them (tasks/priority.py): higher first.
+    kombu's Redis channel takes the lowest level first and levels 0..9 only; here a message's
+    level is -9..9 (0: the queue's own list, as without priorities) and BRPOP names the levels
+    highest first. Mixed into every Redis channel class the stages use."""
+
+    min_priority = -LEVELS
+    max_priority = LEVELS
+    priority_steps = consume_order()
+
+    def priority(self, n):
+        return max(-LEVELS, min(LEVELS, int(n or 0)))
+
+
+class Channel(HigherFirst, kredis.Channel):
     """kombu builds a new `redis.Redis` for every publish, every delivery's unacked entry and every
     ack (`conn_or_acquire`), all on the channel's one connection pool; with redis-py 5+ that
     constructor (its response-callback tables) was ~12% of a pool's main process and ~9% of a

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import states
+from . import early_stop
 from ..model import SessionRecord, Trajectory
 from .taskspec import TaskRequest
 from .callbacks import message as callback_message
@@ -28,6 +29,7 @@ def finish_early(ctx: StageContext, rec: SessionRecord, task: TaskRequest, outco
                       builder=task.builder.strategy, error=error,
                       stats={"calls": 0, "traces": 0, "delivered_fraction": 0.0},
                       metadata={**task.metadata, "harness": task.agent.harness})
+    early_stop.label(ctx.store, traj, error)
     ctx.store.save_trajectory(traj)
     send_callbacks(ctx, task, new, traj)
     return outcome.lower()

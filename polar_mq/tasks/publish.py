@@ -26,6 +26,8 @@ import redis
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
+from .priority import level_list
+
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _SAFE_TRANSPORT_OPTIONS = {"visibility_timeout", "unacked_restore_interval"}
 
@@ -37,7 +39,7 @@ class StageMessages:
         self.origin = anon_nodename()
         self.reply_to = str(app.thread_oid)
 
-    def message(self, name: str, args: list[Any], queue: str) -> str:
+    def message(self, name: str, args: list[Any], queue: str, priority: int = 0) -> str:
         """The JSON kombu's Redis transport stores for `send_task(name, args=args, queue=queue)`."""
         task_id = str(uuid.uuid4())
         root_id, parent_id = task_id, None
@@ -63,13 +65,14 @@ class StageMessages:
             },
             "properties": {
                 "correlation_id": task_id, "reply_to": self.reply_to, "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": queue}, "priority": 0,
+                "delivery_info": {"exchange": "", "routing_key": queue}, "priority": priority,
                 "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
             },
         })
 
-    def send_task(self, name: str, args: list[Any], queue: str) -> None:
-        self.r.lpush(queue, self.message(name, args, queue))  # priority 0: the queue's own list
+    def send_task(self, name: str, args: list[Any], queue: str, priority: int = 0) -> None:
+        # Level 0: the queue's own list; another level its list beside it (tasks/priority.py).
+        self.r.lpush(level_list(queue, priority), self.message(name, args, queue, priority))
 
 
 def applies(app: Any, redis_url: str) -> bool:

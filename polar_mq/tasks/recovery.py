@@ -25,6 +25,7 @@ import msgpack
 from .. import replies, states
 from ..model import SessionRecord
 from .routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
+from .priority import level_list, queue_lists
 from .context import StageContext
 from .leftovers import file_leftover
 
@@ -94,7 +95,7 @@ def restore_held_messages(ctx: StageContext) -> list[str]:
             continue
         if not holder_dead(rec, task_name, store.lease_holder(sid) is not None, now, ttl):
             continue
-        queue = payload.pop("_queue")
+        queue = level_list(payload.pop("_queue"), int((payload.get("properties") or {}).get("priority") or 0))
         payload.setdefault("headers", {})["redelivered"] = True
         if script(keys=[UNACKED, UNACKED_INDEX], args=[tag, queue, json.dumps(payload)]):
             log.warning("restored %s for %s (held by a dead worker) to %s", task_name, sid, queue)
@@ -161,8 +162,11 @@ def resend_missing_messages(ctx: StageContext, recs: list[SessionRecord], now: f
     for rec in candidates:
         name = WAITING[rec.state]
         queues = {queue_for(ctx.store, name, rec.session_id), STAGE_QUEUE[name]}
-        for q in queues - queued.keys():
-            queued[q] = replies.texts(r.lrange(q, 0, -1), errors="replace")
+        for q in queues - queued.keys():  # every dispatch_priority level's list (priority.py)
+            with r.pipeline(transaction=False) as pipe:
+                for key in queue_lists(q):
+                    pipe.lrange(key, 0, -1)
+                queued[q] = [m for got in pipe.execute() for m in replies.texts(got, errors="replace")]
         if any(rec.session_id in m for q in queues for m in queued[q]) or any(rec.session_id in m for m in held):
             continue
         log.warning("session %s in %s has no %s message anywhere; sending it again", rec.session_id,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .pipeline_store import PipelineStore
+from .priority import task_level
 
 # Task names: constants, so senders never import the task functions (tasks/worker.py).
 INIT_TASK = "polar_mq.init"
@@ -63,5 +64,9 @@ def queue_for(store: PipelineStore, name: str, arg: str) -> str:
 def make_enqueue(send: Callable[..., object], store: PipelineStore) -> Callable[[str, str], None]:
     """enqueue(task name, session id) over `send(name, args=[...], queue=...)` (Celery send_task)."""
     def enqueue(name: str, arg: str) -> None:
-        send(name, args=[arg], queue=queue_for(store, name, arg))
+        lvl = task_level(store, arg) if name in (INIT_TASK, RUN_TASK) else 0
+        if lvl:  # dispatch_priority: a higher task's init and run are taken first (priority.py)
+            send(name, args=[arg], queue=queue_for(store, name, arg), priority=lvl)
+        else:
+            send(name, args=[arg], queue=queue_for(store, name, arg))
     return enqueue

@@ -26,7 +26,9 @@ from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
 from ..weight_versions import stamp_versions
+from . import early_stop
 from .cancel_watch import CancelWatch
+from .priority import try_acquire_slot
 from .routing import POSTRUN_TASK, RUN_TASK
 from .context import StageContext
 from .endings import finish_early, send_callbacks
@@ -155,7 +157,7 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     gateway_fields = register_gateway(ctx, rec, task, gateway_index(rec))
     # The READY buffer bounds *prepared* sessions waiting for a run slot: preparing never waits, so
     # the init pool keeps a stock ahead of the run slots (docs/deployment.md says how to size it).
-    if not _wait_ready_slot(ctx, rec, lease):
+    if not _wait_ready_slot(ctx, rec, lease, task.dispatch_priority):
         return "lease lost"
     # Into the READY list and the lease dropped with the state move (one script).
     if store.transition(session_id, states.READY, expect={states.INITIALIZING}, node=ctx.node,
@@ -166,10 +168,11 @@ def init_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease
     return "ready"
 
 
-def _wait_ready_slot(ctx: StageContext, rec: SessionRecord, lease: Lease) -> bool:
-    """Block (without polling) until the READY buffer has room for this prepared session."""
+def _wait_ready_slot(ctx: StageContext, rec: SessionRecord, lease: Lease, priority: int = 0) -> bool:
+    """Block (without polling) until the READY buffer has room for this prepared session and no
+    higher dispatch_priority session waits for it (tasks/priority.py)."""
     store = ctx.store
-    while not store.try_acquire_slot(rec.session_id, ctx.settings.ready_capacity):
+    while not try_acquire_slot(store, rec.session_id, ctx.settings.ready_capacity, priority):
         if lease.lost.is_set():
             return False
         store.wait_for_slot(timeout=1.0)
@@ -345,6 +348,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
         trace.reward = traj.reward
     stamp_versions(traj, calls, task.metadata)  # policy_version on trajectory and traces
     traj.status = outcome
+    early_stop.label(store, traj, traj.error)  # cancelled by early stop: kept, labelled
     timings = dict(rec.timings)
     traj.metadata["timings"] = timings
     store.save_trajectory(traj)
@@ -361,6 +365,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     if moved is None:
         return "skipped"
     rec = moved
+    early_stop.after_graded(ctx, task, rec)  # enough usable sessions: stop the task's others
     send_callbacks(ctx, task, rec, traj)
     return outcome.lower()
 

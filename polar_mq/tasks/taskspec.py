@@ -17,6 +17,7 @@ from .. import sampling
 HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "shell")
 BACKENDS = ("auto", "docker", "apptainer", "bwrap", "local")  # auto: the safest one the worker has
 BUILDERS = ("per_request", "prefix_merging")
+PRIORITY_LIMIT = 1_000_000  # dispatch_priority bound (any order fits; the broker buckets it, tasks/priority.py)
 
 
 class ValidationError(ValueError):
@@ -67,6 +68,10 @@ class TaskRequest:
     grader: StrategySpec = field(default_factory=lambda: StrategySpec("completion"))
     callback_url: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Once this many sessions are graded without ERROR, the others are cancelled (tasks/early_stop.py).
+    early_stop_min_usable_sessions: int | None = None
+    # Higher first, across tasks, for init and READY (tasks/priority.py).
+    dispatch_priority: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +84,9 @@ class TaskRequest:
             body["agent"].pop("sampling", None)
         if not body["runtime"].get("keep_workdir"):
             body["runtime"].pop("keep_workdir", None)
+        for name in ("early_stop_min_usable_sessions", "dispatch_priority"):
+            if not body.get(name):
+                body.pop(name, None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -125,7 +133,8 @@ def parse_task(data: Any) -> TaskRequest:
     if not isinstance(data, dict):
         raise ValidationError("body", "must be a JSON object")
     _no_unknown(data, {"task_id", "instruction", "num_samples", "timeout_seconds", "agent", "runtime",
-                       "builder", "grader", "evaluator", "callback_url", "metadata"}, "")
+                       "builder", "grader", "evaluator", "callback_url", "metadata",
+                       "early_stop_min_usable_sessions", "dispatch_priority"}, "")
     task_id = _get(data, "task_id", str, "")
     if task_id is not None and not (0 < len(task_id) <= 128 and all(c.isalnum() or c in "-_." for c in task_id)):
         raise ValidationError("task_id", "must be 1-128 characters of letters, digits, '-', '_' or '.'")
@@ -135,6 +144,13 @@ def parse_task(data: Any) -> TaskRequest:
     num_samples = _get(data, "num_samples", int, "", default=1)
     if not 1 <= num_samples <= 10_000:
         raise ValidationError("num_samples", "must be between 1 and 10000")
+    early_stop = _get(data, "early_stop_min_usable_sessions", int, "")
+    if early_stop is not None and not 1 <= early_stop <= num_samples:
+        raise ValidationError("early_stop_min_usable_sessions",
+                              f"must be between 1 and num_samples ({num_samples})")
+    priority = _get(data, "dispatch_priority", int, "", default=0)
+    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+        raise ValidationError("dispatch_priority", f"must be between {-PRIORITY_LIMIT} and {PRIORITY_LIMIT}")
     timeout = _get(data, "timeout_seconds", (int, float), "", default=600.0)
     if timeout <= 0:
         raise ValidationError("timeout_seconds", "must be positive")
@@ -188,7 +204,8 @@ def parse_task(data: Any) -> TaskRequest:
         timeout_seconds=float(timeout), agent=agent, runtime=runtime,
         builder=_strategy(data.get("builder"), "builder.", "prefix_merging", BUILDERS),
         grader=_strategy(grader_data, "grader.", "completion", None),
-        callback_url=callback, metadata=_get(data, "metadata", dict, "", default={}))
+        callback_url=callback, metadata=_get(data, "metadata", dict, "", default={}),
+        early_stop_min_usable_sessions=early_stop, dispatch_priority=priority)
 
 
 def task_from_dict(data: dict[str, Any]) -> TaskRequest:
@@ -198,4 +215,6 @@ def task_from_dict(data: dict[str, Any]) -> TaskRequest:
         timeout_seconds=data["timeout_seconds"], agent=AgentSpec(**data["agent"]),
         runtime=RuntimeSpec(**data["runtime"]), builder=StrategySpec(**data["builder"]),
         grader=StrategySpec(**data["grader"]), callback_url=data.get("callback_url"),
-        metadata=data.get("metadata") or {})
+        metadata=data.get("metadata") or {},
+        early_stop_min_usable_sessions=data.get("early_stop_min_usable_sessions"),
+        dispatch_priority=int(data.get("dispatch_priority") or 0))

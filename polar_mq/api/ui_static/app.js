@@ -118,6 +118,8 @@ async function taskPage(taskId) {
     kv([["harness", t.harness || "–"], ["model", t.agent.model || "–"], ["builder", t.builder.strategy || "–"],
         ["grader", t.grader.strategy || "–"], ["samples", t.num_samples], ["mean reward", fmt.num(t.mean_reward)],
         ["policy version", t.policy_version ?? "–"], ["created", fmt.time(t.created_at)],
+        ["dispatch priority", t.dispatch_priority ?? 0],
+        ["early stopped", t.early_stopped ? `${t.early_stopped} session(s)` : "–"],
         ["group view", el("a", { href: `/ui/groups/${encodeURIComponent(t.task_id)}` }, "samples side by side")]]),
     el("p", { class: "muted" }, t.instruction),
     filters.node,
