@@ -117,6 +117,11 @@ def _worker(args: argparse.Namespace) -> int:
     loglevel = args.loglevel or os.environ.get("POLAR_LOG_LEVEL") or "INFO"
     print(f"polar-mq worker: stage {args.stage}, pool {pool}, {concurrency} slots "
           f"({'--concurrency' if args.concurrency else why})", file=sys.stderr, flush=True)
+    if pool in slots.THREADED_POOLS:
+        before, after = slots.raise_fd_limit(int(concurrency))
+        if after < 256 + slots.FDS_PER_SLOT * int(concurrency):
+            print(f"polar-mq worker: the open-files limit ({after}) is low for {concurrency} slots in one "
+                  "process: raise `ulimit -n` or lower --concurrency", file=sys.stderr, flush=True)
     if args.redis:
         os.environ["POLAR_REDIS_URL"] = args.redis
     if args.gateway:

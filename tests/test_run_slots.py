@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -41,6 +42,21 @@ def test_host_sizing() -> None:
                         small)[0] == "prefork"
     h = slots.host()
     assert h.cores >= 1 and h.memory_gib > 0.1
+
+
+def test_fd_limit_is_raised_for_the_slots() -> None:
+    """One process holds every slot's pipe, pidfd and log: its soft open-files limit is raised
+    (toward the hard limit) to fit them; checked in a child so this process keeps its own."""
+    probe = ("import resource; from polar_mq import slots\n"
+             "s, h = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (1024 if h < 0 else min(1024, h), h))\n"
+             "before, after = slots.raise_fd_limit(256)\n"
+             "print(before, after, resource.getrlimit(resource.RLIMIT_NOFILE)[0], h)")
+    before, after, now, hard = map(int, subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                                       text=True, check=True).stdout.split())
+    want = 256 + slots.FDS_PER_SLOT * 256  # RLIM_INFINITY is -1
+    assert before == (1024 if hard < 0 else min(1024, hard)) and now == after
+    assert after == (want if hard < 0 else min(hard, want))
 
 
 def _alive(pid: int) -> bool:
