@@ -70,7 +70,13 @@ def _spawn_from_short_thread(via_spawner: bool) -> subprocess.Popen:
     def start() -> None:
         def popen() -> subprocess.Popen:
             return subprocess.Popen(argv, preexec_fn=preexec, start_new_session=True)
-        box.append(spawner.call(popen) if via_spawner else popen())
+        proc = spawner.call(popen) if via_spawner else popen()
+        box.append(proc)
+        # setpriv sets the death signal, then execs: end this thread only once `sleep` runs, or
+        # the thread could be gone before there was a signal to send
+        deadline = time.time() + 10
+        while b"sleep" not in Path(f"/proc/{proc.pid}/comm").read_bytes() and time.time() < deadline:
+            time.sleep(0.005)
 
     t = threading.Thread(target=start)
     t.start()
