@@ -113,27 +113,41 @@ def _model_server(args: argparse.Namespace) -> int:
     return model_server_main(args.rest)
 
 
-# The pool size of each stage when none is given: `polar-mq up`, `polar-mq worker` and the
-# workers/<stage>.py entry points all start from these (run: the run slots).
+# prefork's pool size of each stage (a process per slot); the default threads pool is sized from
+# the host instead (polar_mq/slots.py: `polar-mq up`, `polar-mq worker`, workers/<stage>.py).
 STAGE_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}
 STAGES = tuple(STAGE_CONCURRENCY)  # = tasks.routing.QUEUES (tests/test_shape.py), without importing it here
 
 
 def worker_defaults(stage: str, env: Mapping[str, str]) -> dict[str, str | int | None]:
-    """What `polar-mq worker --stage STAGE` uses for the options it is not given: the pool size
-    from ``POLAR_<STAGE>_CONCURRENCY`` (else STAGE_CONCURRENCY), the log level from
-    ``POLAR_LOG_LEVEL`` (INFO), the Celery pool from ``POLAR_CELERY_POOL`` (Celery's prefork)."""
-    return {"concurrency": int(env.get(f"POLAR_{stage.upper()}_CONCURRENCY") or STAGE_CONCURRENCY[stage]),
-            "loglevel": env.get("POLAR_LOG_LEVEL") or "INFO", "pool": env.get("POLAR_CELERY_POOL") or None}
+    """What `polar-mq worker --stage STAGE` uses for the options it is not given: the Celery pool
+    from ``POLAR_<STAGE>_POOL`` / ``POLAR_CELERY_POOL`` (else threads), the pool size from
+    ``POLAR_<STAGE>_CONCURRENCY`` (else sized from the host for that pool: slots.py), the log
+    level from ``POLAR_LOG_LEVEL`` (INFO)."""
+    from . import slots
+
+    pool, concurrency, _ = slots.sizing(stage, env)
+    return {"concurrency": concurrency, "loglevel": env.get("POLAR_LOG_LEVEL") or "INFO", "pool": pool}
 
 
 def _worker(args: argparse.Namespace) -> int:
     import os
 
-    defaults = worker_defaults(args.stage, os.environ)
-    concurrency = args.concurrency or defaults["concurrency"]
-    loglevel = args.loglevel or defaults["loglevel"]
-    pool = args.pool or defaults["pool"]
+    import sys
+
+    from . import slots
+
+    env = {**os.environ, **({f"POLAR_{args.stage.upper()}_POOL": args.pool} if args.pool else {})}
+    pool, sized, why = slots.sizing(args.stage, env)
+    concurrency = args.concurrency or sized
+    loglevel = args.loglevel or os.environ.get("POLAR_LOG_LEVEL") or "INFO"
+    print(f"polar-mq worker: stage {args.stage}, pool {pool}, {concurrency} slots "
+          f"({'--concurrency' if args.concurrency else why})", file=sys.stderr, flush=True)
+    if pool in slots.THREADED_POOLS:
+        before, after = slots.raise_fd_limit(int(concurrency))
+        if after < 256 + slots.FDS_PER_SLOT * int(concurrency):
+            print(f"polar-mq worker: the open-files limit ({after}) is low for {concurrency} slots in one "
+                  "process: raise `ulimit -n` or lower --concurrency", file=sys.stderr, flush=True)
     if args.redis:
         os.environ["POLAR_REDIS_URL"] = args.redis
     if args.gateway:
@@ -150,8 +164,7 @@ def _worker(args: argparse.Namespace) -> int:
     argv = ["worker", "-Q", queues, "-c", str(concurrency), *(["-E"] if settings.task_events else []),
             "-l", str(loglevel), "-n", f"{args.stage}-{os.getpid()}@{settings.node}", "--without-gossip",
             "--without-mingle"]
-    if pool:
-        argv += ["-P", str(pool)]
+    argv += ["-P", pool]
     app.worker_main(argv)
     return 0
 
@@ -244,9 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     wk = sub.add_parser("worker", help="run a Celery worker pool for one stage")
     wk.add_argument("--stage", required=True, choices=STAGES)
     wk.add_argument("--concurrency", type=int,
-                    help="processes (run: = run slots; default $POLAR_<STAGE>_CONCURRENCY, else "
-                         + ", ".join(f"{s} {n}" for s, n in STAGE_CONCURRENCY.items()) + ")")
-    wk.add_argument("--pool", help="celery pool (default $POLAR_CELERY_POOL, else prefork; threads, solo)")
+                    help="slots (run: = sessions at once; default $POLAR_<STAGE>_CONCURRENCY, else "
+                         "sized from the host's cores and memory: docs/deployment.md)")
+    wk.add_argument("--pool", help="celery pool (default $POLAR_<STAGE>_POOL or $POLAR_CELERY_POOL, else "
+                                   "threads: many sessions per process; prefork: a process per slot)")
     wk.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
     wk.add_argument("--gateway", help="gateway URL (default $POLAR_GATEWAY_URL)")
     wk.add_argument("--node", help="this host's name in the cluster (default $POLAR_NODE, else the hostname)")
@@ -261,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gateway-port", type=int, default=8600)
     up.add_argument("--flower-port", type=int, default=5555)
     for stage, n in STAGE_CONCURRENCY.items():
-        up.add_argument(f"--{stage}-concurrency", type=int, default=n)
+        up.add_argument(f"--{stage}-concurrency", type=int, default=None,
+                        help=f"{stage} slots (default: sized from the host; prefork {n})")
     up.add_argument("--no-flower", action="store_true")
     up.add_argument("--fresh", action="store_true",
                     help="delete the embedded Redis's data ($POLAR_HOME/redis) first: a clean start")

@@ -22,7 +22,8 @@ from pathlib import Path
 import requests
 
 from . import tokens
-from .cli import STAGE_CONCURRENCY, redact_url
+from . import slots
+from .cli import redact_url
 from .embedded_redis import ensure_redis, free_port, password_file
 from .logcap import RotatingLog, pump
 from .settings import TokenSettings, polar_home
@@ -151,7 +152,7 @@ class Stack:
 
 def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int = 8600,
            flower_port: int = 5555, redis: str | None = None, upstreams: list[str] | None = None,
-           concurrency: tuple[int, ...] = tuple(STAGE_CONCURRENCY.values()), flower: bool = True,
+           concurrency: tuple[int | None, ...] = (None, None, None), flower: bool = True,
            extra_env: dict[str, str] | None = None, dev: bool = False,
            data_dir: Path | None = None, fresh: bool = False, lock: UpLock | None = None) -> Stack:
     """Start every role as child processes and wait until the API and gateway answer.
@@ -207,9 +208,13 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
         gw = sup.spawn("gateway", gw_args)
         api = sup.spawn("api", [py, "-m", "polar_mq.cli", "api", "--host", host, "--port", str(api_port),
                                 *(["--dev"] if dev else [])])
+        pools = []
         for stage, n in zip(QUEUES, concurrency):
+            pool, sized, _ = slots.sizing(stage, {**os.environ, **env})
+            pools.append(f"{stage} {pool}×{n or sized}")
             sup.spawn(f"worker_{stage}", [py, "-m", "polar_mq.cli", "worker", "--stage", stage,
-                                          "--concurrency", str(n)])
+                                          "--concurrency", str(n or sized)])
+        print(f"polar-mq up: pools {', '.join(pools)} (host: {slots.host().describe()})", flush=True)
         flower_url = fl = None
         if flower and importlib.util.find_spec("flower") is not None:
             fl = sup.spawn("flower", [py, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",

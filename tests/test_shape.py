@@ -96,11 +96,16 @@ def test_worker_entry_points_use_the_cli_defaults() -> None:
     from polar_mq.tasks.routing import QUEUES
 
     assert cli.STAGES == QUEUES
-    assert cli.worker_defaults("run", {}) == {"concurrency": 4, "loglevel": "INFO", "pool": None}
-    env = {"POLAR_INIT_CONCURRENCY": "8", "POLAR_LOG_LEVEL": "DEBUG", "POLAR_CELERY_POOL": "threads"}
-    assert cli.worker_defaults("init", env) == {"concurrency": 8, "loglevel": "DEBUG", "pool": "threads"}
-    up = cli.build_parser().parse_args(["up"])
-    assert (up.init_concurrency, up.run_concurrency, up.postrun_concurrency) == tuple(cli.STAGE_CONCURRENCY.values())
+    from polar_mq import slots
+
+    run = cli.worker_defaults("run", {})
+    assert run["pool"] == "threads" and run["loglevel"] == "INFO"
+    assert run["concurrency"] == slots.concurrency_for("run", "threads", slots.host())
+    env = {"POLAR_INIT_CONCURRENCY": "8", "POLAR_LOG_LEVEL": "DEBUG", "POLAR_CELERY_POOL": "prefork"}
+    assert cli.worker_defaults("init", env) == {"concurrency": 8, "loglevel": "DEBUG", "pool": "prefork"}
+    assert cli.worker_defaults("run", {"POLAR_CELERY_POOL": "prefork"})["concurrency"] >= cli.STAGE_CONCURRENCY["run"]
+    up = cli.build_parser().parse_args(["up"])  # None: `up` sizes each pool as the worker would
+    assert (up.init_concurrency, up.run_concurrency, up.postrun_concurrency) == (None, None, None)
     # workers/<stage>.py is `polar-mq worker --stage <stage>` and nothing else
     probe = ("import sys; sys.path.insert(0, 'workers'); import workers_common, polar_mq.cli as c\n"
              "c.main = lambda argv: print(argv) or 0; workers_common.main = c.main\n"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import re
 import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +47,52 @@ def spawn_args(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
     if _SETPRIV:
         return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
     return argv, _die_with_parent
+
+
+class _Spawner:
+    """Starts harness processes from one long-lived thread of this process.
+
+    PR_SET_PDEATHSIG (setpriv's, and bwrap's ``--die-with-parent``) fires when the THREAD that
+    forked the child ends, not the process: a harness started straight from a pool thread (the
+    default threads pool, slots.py) would be killed if that thread ever ended before it, and would
+    outlive nothing else. Forking from a thread that lives as long as the process makes "dies with
+    the worker" mean the worker process, whatever pool runs the stage
+    (tests/test_run_slots.py::test_harness_outlives_the_thread_that_asked_for_it). The main thread
+    spawns directly (prefork's pool children run stages there)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = queue.SimpleQueue()
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self._queue.get()
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller, which raises it
+                box.append((False, exc))
+            done.set()
+
+    def call(self, fn: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this process (a fork starts without the thread)
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, name="polar-spawner", daemon=True).start()
+                self._pid = os.getpid()
+        box: list[Any] = []
+        done = threading.Event()
+        self._queue.put((fn, box, done))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
+spawner = _Spawner()
 
 
 # Words bash passes through unchanged: no quoting, expansion, globbing, redirection or operators.
@@ -151,8 +199,9 @@ def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float 
     t0 = time.monotonic()
     argv, preexec = spawn_args(argv)
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec)
+        proc = spawner.call(lambda: subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec))
     except BaseException:
         log.close()
         raise

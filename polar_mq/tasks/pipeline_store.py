@@ -26,6 +26,15 @@ from .taskspec import TaskRequest, task_from_dict
 KNOWN_RECORDS = 512  # records remembered per process (one per session a stage is working on)
 
 
+def _evict_oldest(cache: dict) -> None:
+    """Drop the oldest entry; a threads pool's slots share the cache, so another slot may change
+    it between the look and the pop (losing an entry only costs a read)."""
+    try:
+        cache.pop(next(iter(cache)), None)
+    except (StopIteration, RuntimeError):  # emptied, or changed size under the iterator
+        pass
+
+
 class Conflict(Exception):
     """A task id resubmitted with a different body."""
 
@@ -170,7 +179,7 @@ class PipelineStore:
             task = self.task_request(task_id)
             if task is not None:
                 if len(self._tasks) >= KNOWN_RECORDS:
-                    self._tasks.pop(next(iter(self._tasks)))
+                    _evict_oldest(self._tasks)
                 self._tasks[task_id] = task
         return task
 
@@ -289,7 +298,7 @@ class PipelineStore:
         if blob is None:
             return
         if len(self._known) >= KNOWN_RECORDS:
-            self._known.pop(next(iter(self._known)))
+            _evict_oldest(self._known)
         self._known[session_id] = blob
 
     def active_sessions(self) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import logging
+import threading
 
 from celery.signals import worker_process_init, worker_ready
 
@@ -28,12 +29,18 @@ if not settings.task_log:  # per-task INFO lines off (settings.task_log); before
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
 _ctx: StageContext | None = None
+_ctx_lock = threading.Lock()
 
 
 def context() -> StageContext:
-    """Per-process context (Redis connections must not cross a fork)."""
+    """Per-process context (Redis connections must not cross a fork), shared by every slot of a
+    threads pool: built once under a lock (its Redis client's pool is thread-safe)."""
     global _ctx
-    if _ctx is None:
+    if _ctx is not None:
+        return _ctx
+    with _ctx_lock:
+        if _ctx is not None:
+            return _ctx
         orphans.set_scope(settings.node, settings.redis_url)  # marks the runtimes this process starts
         store = PipelineStore(connect(settings.redis_url, ride_out_outages=60))
         _ctx = StageContext(settings=settings, store=store,
@@ -45,8 +52,9 @@ def context() -> StageContext:
 
 @worker_process_init.connect
 def _reset_after_fork(**_: object) -> None:
-    global _ctx
+    global _ctx, _ctx_lock
     _ctx = None
+    _ctx_lock = threading.Lock()
 
 
 @worker_ready.connect
