@@ -11,6 +11,7 @@ from polar_mq.merge.eos import resolve_eos
 from polar_mq.merge.origins import analyse, annotate
 from polar_mq.merge.records import Call, conversation_messages, prepare
 from polar_mq.merge.stats import base_stats
+from polar_mq.merge.versions import shifted
 from polar_mq.model import CaptureRecord, Trace
 
 
@@ -32,6 +33,7 @@ def call_trace(call: Call, include_messages: bool = True) -> Trace:
         tools=list(rec.tools or []) if include_messages else [],
         finish_reason=rec.finish_reason,
         call_ids=[rec.call_id],
+        policy_versions=shifted([(0, rec)]),
     )
 
 

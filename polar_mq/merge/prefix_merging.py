@@ -21,6 +21,7 @@ from polar_mq.merge.lineage import tito_stats
 from polar_mq.merge.origins import analyse, annotate
 from polar_mq.merge.records import Call, as_record, conversation_messages, prepare
 from polar_mq.merge.roles import Conversation
+from polar_mq.merge.versions import shifted
 from polar_mq.merge.stats import base_stats
 from polar_mq.model import CaptureRecord, Trace
 
@@ -59,7 +60,9 @@ def assemble(chain: Chain, calls: list[Call], eos: int | None, include_messages:
     mask: list[int] = []
     logprobs: list[float] | None = []
     inter_total = eos_inserted = 0
+    starts: list[tuple[int, CaptureRecord]] = []
     for k, call in enumerate(members):
+        starts.append((len(response), call.record))
         response += call.completion
         mask += [1] * len(call.completion)
         if logprobs is not None and call.logprobs is not None:
@@ -85,6 +88,7 @@ def assemble(chain: Chain, calls: list[Call], eos: int | None, include_messages:
         tools=list(last.tools or []) if include_messages else [],
         finish_reason=last.finish_reason,
         call_ids=[c.call_id for c in members],
+        policy_versions=shifted(starts),
     )
     return _Assembled(trace, inter_total, eos_inserted)
 
