@@ -84,3 +84,44 @@ def test_a_real_cli_subagent_is_linked_to_its_tool_call(harness, log_dir, redis_
     finally:
         stop(gw.proc)
         stop(ms.proc)
+
+
+@pytest.mark.timeout(1200)
+def test_real_claude_code_compaction_is_linked(gateway, tmp_path):
+    """`claude -p /compact --continue` between two turns of one conversation: the summary call is
+    a trainable trace and the conversation after it continues from it."""
+    binary = cli_bin("claude_code")
+    sess = gateway.new_session()
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    outs = []
+    turns = [("Say hello polar:notool", [])] + [(f"Say hello {n} polar:notool", ["--continue"])
+                                                 for n in range(3)]
+    turns += [("/compact", ["--continue"]), ("Say goodbye polar:notool", ["--continue"])]
+    for k, (prompt, extra) in enumerate(turns):
+        launch = claude_code.configure(home, sess["base_urls"], sess["key"], "stand-in", prompt, bin=binary)
+        proc = subprocess.run(launch.argv + extra, env={**os.environ, **launch.env}, cwd=work,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+        outs.append((k, proc.returncode, proc.stdout[-500:], proc.stderr[-1000:]))
+    calls = gateway.calls(sess["session_id"])
+    for builder in ("prefix_merging", "per_request"):
+        traj = requests.get(f"{gateway.url}/sessions/{sess['session_id']}/trajectory",
+                            headers=gateway.admin_headers, params={"builder": builder}, timeout=60).json()
+        # Claude Code's summary request extends the main conversation token by token (history
+        # plus the compact prompt): the summary is sampled inside the main trace, trainable there.
+        summaries = [i for i, t in enumerate(traj["traces"]) if t["metadata"].get("compaction_summary")]
+        assert summaries, (outs, [[str(m.get("content"))[-300:] for m in c["messages"][-1:]] for c in calls])
+        summary = traj["traces"][summaries[-1]]
+        by_id = {c["call_id"]: c for c in calls}
+        summary_call = by_id[summary["metadata"]["compaction_summary"]["call_id"]]
+        assert "Your task is to create a detailed summary" in summary_call["messages"][-1]["content"]
+        assert summary_call["call_id"] in summary["call_ids"] and sum(summary["loss_mask"]) >= len(
+            summary_call["completion_token_ids"])  # kept, trainable
+        after = [t for t in traj["traces"] if t["metadata"].get("continues_from")]
+        assert after, (outs, [[str(m.get("content"))[:200] for m in c["messages"][:2]] for c in calls])
+        for t in after:
+            assert t["metadata"]["continues_from"] == {"trace_index": summaries[-1], "reason": "compaction"}
+            assert "This session is being continued" in str(by_id[t["call_ids"][0]]["messages"][1]["content"])
+        assert traj["stats"]["compactions"] >= 1 and traj["stats"]["origins"]["compaction"] >= 1
+        if builder == "prefix_merging":
+            assert after[0]["metadata"]["role"] == "main"  # the agent goes on: still the main line

@@ -25,7 +25,7 @@ from polar_mq.merge.chains import Chain, cut_chains
 from polar_mq.merge.conversations import group, link_breaks
 from polar_mq.merge.forest import build_forest
 from polar_mq.merge.records import Call
-from polar_mq.merge.roles import SUBAGENT, Conversation, label_roles
+from polar_mq.merge.roles import MAIN, SUBAGENT, Conversation, label_roles
 
 ORIGINS = ("root", "sub_agent", "compaction", "summary", "retry", "fork", "edit")
 REWARD_SCOPES = ("session", "split", "root")
@@ -97,15 +97,26 @@ def annotate(calls: list[Call], an: Analysis, trace_of_call: dict[int, int],
             for t in traces_of_conv[conv.id]:
                 meta[t]["continues_from"] = {"trace_index": trace_of_call[summary.index],
                                              "reason": "compaction"}
+            # The agent goes on after compaction: the main conversation stays main (a shorter
+            # continuation would otherwise be labelled a side call and dropped by role filters).
+            source = an.convs[chains[an.chain_of_call[summary.index]].conversation]
+            if source.role == MAIN and conv.role != MAIN:
+                conv.role = MAIN
+                conv.reasons = ["continues the main conversation after compaction"]
+                for ci in conv.chains:
+                    if chains[ci].origin not in ("retry", "fork"):
+                        chains[ci].role, chains[ci].role_reason = MAIN, conv.reasons[0]
     members: dict[int, list[int]] = {}
     for i, t in sorted(trace_of_call.items()):
         members.setdefault(t, []).append(i)
     for s in summaries:
         t = trace_of_call[s.index]
-        before = agents.summarized_call(calls, s, summary_ids | set(members[t]))
-        meta[t]["compaction_summary"] = {
-            "call_id": s.call_id,
-            "summarized_trace_index": trace_of_call[before.index] if before else None}
+        if s.index != members[t][0]:  # the request extends its own trace (Claude Code)
+            summarized: int | None = t
+        else:
+            before = agents.summarized_call(calls, s, summary_ids | set(members[t]))
+            summarized = trace_of_call[before.index] if before else None
+        meta[t]["compaction_summary"] = {"call_id": s.call_id, "summarized_trace_index": summarized}
     # The chain's own start first (a retry stays a retry), then what started its conversation.
     counts = {o: 0 for o in ORIGINS}
     for t in range(n_traces):
