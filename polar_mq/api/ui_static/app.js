@@ -224,7 +224,7 @@ function traceSection(tr, texts, calls) {
   const lps = tr.response_logprobs || [];
   tr.response_ids.forEach((id, i) => {
     put(nPrompt + i);
-    if (versionAt.has(i)) frag.append(el("span", { class: "boundary version", dataset: { policyVersion: versionAt.get(i) },
+    if (versionAt.has(i)) frag.append(el("span", { class: "vboundary", dataset: { policyVersion: versionAt.get(i) },
       title: `from here sampled by policy version ${versionAt.get(i)}` }, `▸ v${versionAt.get(i)}`));
     const mask = tr.loss_mask[i] ? 1 : 0;
     frag.append(tokenSpan(texts, id, mask, "response", mask ? lps[i] : null));
@@ -239,7 +239,7 @@ function treeSection(tree) {
   // under the summary's trace, retries and forks under their sibling (ui_tree.py).
   if (!tree || !tree.length) return el("p", { class: "muted" }, "no traces");
   return el("ul", { id: "lineage-tree", class: "tree" }, tree.map(n => el("li", {
-      style: `margin-left:${n.depth * 1.5}em`, dataset: { traceIndex: n.index, parentTrace: n.parent ?? "" } },
+      style: `margin-left:${n.depth * 1.5}em`, dataset: { treeTrace: n.index, treeParent: n.parent ?? "" } },
     el("a", { href: `#trace-${n.index}` }, `trace ${n.index}`), " ",
     n.origin ? badge(n.origin, n.origin === "root" ? "ok" : "RUNNING") : null, " ",
     el("span", { class: "muted" }, `${n.edge} · ${n.role || "–"} · ${n.calls} call${n.calls === 1 ? "" : "s"}`),
