@@ -40,10 +40,17 @@ class StreamStats:
 
 
 def staleness(group: Group, current: int | None) -> int | None:
-    """How many versions behind the current weights the group was sampled (None: unknown)."""
-    if current is None or group.policy_version is None:
+    """How many versions behind the current weights the group was sampled (None: unknown): by
+    the oldest version that sampled any token of its trajectories (traces' `policy_versions`),
+    else the group's `policy_version`."""
+    if current is None:
         return None
-    return current - group.policy_version
+    sampled = [v for traj in group.trajectories for tr in traj.traces
+               for _off, v in tr.policy_versions or [] if isinstance(v, int)]
+    version = min(sampled) if sampled else group.policy_version
+    if version is None:
+        return None
+    return current - version
 
 
 class GroupStream:

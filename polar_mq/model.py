@@ -139,6 +139,10 @@ class CaptureRecord(Record):
     policy_version: int | None = None
     held_ms: float = 0.0
     tito_reason: str | None = None  # "continued", or why not (proxy_app/tito/matching.py)
+    # Which weights sampled which completion tokens (CONTRACT "Agent lineage and versions per
+    # token"): [[token_offset, version], ...] ordered by offset, first offset 0; one pair unless a
+    # stream ran across a resume that changed the version (proxy_app/versions.py).
+    policy_versions: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self, text_ids: bool = False) -> dict[str, Any]:
         """Plain data; `text_ids` leaves a TokenIds as it is (the record codec stores its text)."""
@@ -162,6 +166,9 @@ class Trace(Record):
     reward: float | None = None
     call_ids: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # [[offset into response_ids, version], ...]: which weights sampled the sampled tokens (the
+    # spliced-in mask-0 tokens take the version of the call before them); merge/versions.py.
+    policy_versions: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -56,6 +56,13 @@ def _version(raw: Any) -> int | None:
     return int(raw)
 
 
+VERSION_LOG = 64  # resumes remembered (a stream spans a handful at most)
+
+
+def version_log_key(policy_version_key: str) -> str:
+    return f"{policy_version_key}:log"
+
+
 class PauseState:
     def __init__(self, client: redis.Redis, keys: Keys | None = None):
         self.r = client
@@ -99,14 +106,32 @@ class PauseState:
     def pause(self, reason: str = "") -> None:
         self.r.set(self.keys.gateway_paused(), json.dumps({"since": time.time(), "reason": reason}), nx=True)
 
-    def resume(self, policy_version: int | None = None) -> None:
+    def resume(self, policy_version: int | None = None, at: float | None = None) -> None:
         """Set the version first, in the same transaction: no call admitted by this resume can be
-        stamped with the old version."""
+        stamped with the old version. `at`: when the resume began (before the engines were
+        resumed: a frozen stream's next token may come before this transaction)."""
         with self.r.pipeline() as pipe:
             if policy_version is not None:
                 pipe.set(self.keys.policy_version(), int(policy_version))
+                # When each version took over: a stream that ran across this resume is split
+                # at its first token after it (proxy_app/versions.py).
+                log_key = version_log_key(self.keys.policy_version())
+                pipe.rpush(log_key, json.dumps([int(policy_version), time.time() if at is None else at]))
+                pipe.ltrim(log_key, -VERSION_LOG, -1)
             pipe.delete(self.keys.gateway_paused())
             pipe.execute()
+
+    def versions_since(self, since: float) -> list[tuple[int, float]]:
+        """(version, unix time it was set) of the resumes after `since`, oldest first."""
+        out = []
+        for raw in self.r.lrange(version_log_key(self.keys.policy_version()), 0, -1):
+            try:
+                version, at = json.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if float(at) > since:
+                out.append((int(version), float(at)))
+        return out
 
     def paused_since(self) -> float | None:
         raw = self.r.get(self.keys.gateway_paused())

@@ -241,6 +241,15 @@ def test_forks_and_chain_breaks_are_marked_with_a_prompt_diff(stack, page, gatew
         meta = trace["metadata"]
         expected = meta["break"] or ("fork" if meta["parent_trace"] is not None else None)
         assert kinds[i] == expected
+    # The tree: every trace once, each branch under the trace it branches from.
+    tree = page.locator("#lineage-tree [data-tree-trace]")
+    assert tree.count() == len(traj["traces"])
+    for i, trace in enumerate(traj["traces"]):
+        parent = trace["metadata"]["parent_trace"]
+        if parent is None:
+            parent = trace["metadata"]["continues_trace"]
+        node = page.locator(f"#lineage-tree [data-tree-trace='{i}']")
+        assert node.get_attribute("data-tree-parent") == ("" if parent is None else str(parent))
     fork = page.locator("[data-diff-kind='fork']")
     sides = [fork.locator("pre.ours").inner_text(), fork.locator("pre.theirs").inner_text()]
     # The two continuations of the same tool call: one side each (which is the fork is the builder's call).

@@ -49,3 +49,25 @@ def test_timeline_ends_a_running_state_now_and_a_terminal_one_at_once():
     assert [(s["state"], s["seconds"], s["node"]) for s in tl] == [("REGISTERED", 2.0, None), ("RUNNING", 8.0, "n1")]
     rec.history.append(["COMPLETED", 15.0, "n1"])
     assert timeline(rec, now=99.0)[-1]["seconds"] == 0.0
+
+
+def test_lineage_tree_nests_subagents_and_compaction():
+    from polar_mq.api.ui_tree import lineage_tree
+
+    def t(meta, versions=None):
+        return Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1], call_ids=["c"], metadata=meta,
+                     policy_versions=versions or [[0, 1]])
+
+    traces = [t({"origin": "root"}),
+              t({"origin": "sub_agent", "spawned_by": {"trace_index": 0, "call_id": "c", "tool_call_id": "tc1",
+                                                       "tool": "Agent"}}),
+              t({"origin": "sub_agent", "spawned_by": {"trace_index": 1, "call_id": "c", "tool_call_id": "tc2",
+                                                       "tool": "Agent"}}, [[0, 1], [5, 2]]),
+              t({"origin": "compaction", "continues_from": {"trace_index": 0, "reason": "compaction"}}),
+              t({"origin": "retry", "parent_trace": 4}),  # a cycle onto itself: drawn as a root
+              t({"origin": "fork", "parent_trace": 99})]  # a missing trace: a root
+    tree = lineage_tree(traces)
+    assert [(n["index"], n["parent"], n["depth"]) for n in tree] == [
+        (0, None, 0), (1, 0, 1), (2, 1, 2), (3, 0, 1), (4, None, 0), (5, None, 0)]
+    assert tree[1]["edge"] == "spawned by Agent (tc1)" and tree[3]["edge"] == "continues after compaction"
+    assert tree[2]["versions"] == [1, 2]

@@ -86,8 +86,9 @@ def resume() -> Response:
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise Problem(400, "policy_version must be an integer", kind="validation-error", field="policy_version")
     state = _state()
+    began = time.time()  # the engines go on from here: a frozen stream's next token is newer
     engines = weights.resume_all(_upstreams(state), version, c.redis, c.keys)
-    state.resume(version)
+    state.resume(version, at=began)
     drain = state.drain(ttl=c.settings.gateway_heartbeat_ttl)
     return jsonify({"paused": False, **_drain_body(state, drain), "upstreams": engines})
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import states
 from ..advantages import group_advantages, unusable_reason
+from .ui_tree import lineage_tree
 from ..model import SessionRecord, Trace, Trajectory
 from . import views
 
@@ -192,6 +193,7 @@ def trace_view(index: int, traces: list[Trace], calls_by_id: dict[str, tuple[int
             "loss_mask": list(trace.loss_mask), "response_logprobs": trace.response_logprobs,
             "finish_reason": trace.finish_reason, "reward": trace.reward, "call_ids": list(trace.call_ids),
             "metadata": trace.metadata or {}, "boundaries": call_boundaries(trace, calls_by_id),
+            "policy_versions": list(trace.policy_versions or []),
             "diff": trace_diff(index, traces, calls_by_id)}
 
 
@@ -230,6 +232,7 @@ def session_view(rec: SessionRecord, spec: dict[str, Any] | None, traj: Trajecto
         "trajectory": trajectory,
         "grade": (traj.metadata or {}).get("grade") if traj else None,
         "traces": [trace_view(i, traces, calls_by_id) for i in range(len(traces))],
+        "tree": lineage_tree(traces),
         "calls": [call_summary(i, c) for i, c in enumerate(calls)],
         "calls_error": calls_error,
     }

@@ -4,17 +4,21 @@ the shared history in every trace, which is what prefix_merging avoids."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from polar_mq.merge.base import BuildResult
+from polar_mq.merge.eos import resolve_eos
+from polar_mq.merge.origins import analyse, annotate
 from polar_mq.merge.records import Call, conversation_messages, prepare
 from polar_mq.merge.stats import base_stats
+from polar_mq.merge.versions import shifted
 from polar_mq.model import CaptureRecord, Trace
 
 
 @dataclass(frozen=True)
 class PerRequestConfig:
     include_messages: bool = True  # False drops messages/tools from traces (smaller payloads)
+    reward_scope: Literal["session", "split", "root"] = "session"  # see merge/rewards.py
 
 
 def call_trace(call: Call, include_messages: bool = True) -> Trace:
@@ -29,6 +33,7 @@ def call_trace(call: Call, include_messages: bool = True) -> Trace:
         tools=list(rec.tools or []) if include_messages else [],
         finish_reason=rec.finish_reason,
         call_ids=[rec.call_id],
+        policy_versions=shifted([(0, rec)]),
     )
 
 
@@ -47,4 +52,13 @@ class PerRequestBuilder:
             trace.metadata = {"started_at": call.started_at, "truncated": call.truncated,
                               "aborted": call.aborted}
             traces.append(trace)
-        return BuildResult(traces, base_stats(prep, traces))
+        # Lineage over the same conversations prefix_merging finds; trace i is call i.
+        eos, _source = resolve_eos(prep.calls, None, True)
+        an = analyse(prep.calls, eos, 0.5)
+        lineage, lineage_stats = annotate(prep.calls, an, {c.index: c.index for c in prep.calls},
+                                          len(traces))
+        for trace, extra in zip(traces, lineage):
+            trace.metadata.update(extra)
+        stats = base_stats(prep, traces)
+        stats.update(lineage_stats, reward_scope=self.config.reward_scope)
+        return BuildResult(traces, stats)

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Literal, Mapping
 
 from polar_mq.merge.base import BuildResult
-from polar_mq.merge.breaks import BreakFinder
-from polar_mq.merge.chains import Chain, cut_chains
-from polar_mq.merge.conversations import group, link_breaks
+from polar_mq.merge.chains import Chain
 from polar_mq.merge.eos import resolve_eos
-from polar_mq.merge.forest import build_forest
 from polar_mq.merge.lineage import tito_stats
+from polar_mq.merge.origins import analyse, annotate
 from polar_mq.merge.records import Call, as_record, conversation_messages, prepare
-from polar_mq.merge.roles import Conversation, label_roles
+from polar_mq.merge.roles import Conversation
+from polar_mq.merge.versions import shifted
 from polar_mq.merge.stats import base_stats
 from polar_mq.model import CaptureRecord, Trace
 
@@ -35,6 +34,9 @@ class PrefixMergingConfig:
     # Without messages to compare, a root whose prompt shares at least this fraction of an earlier
     # prompt (and is longer than that call's whole sequence) resumes its conversation.
     min_shared_fraction: float = 0.5
+    # How the session's reward reaches its traces (merge/rewards.py): every trace, split
+    # equally, or only the top-level agent's traces (sub-agents' get 0).
+    reward_scope: Literal["session", "split", "root"] = "session"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_shared_fraction <= 1.0:
@@ -58,7 +60,9 @@ def assemble(chain: Chain, calls: list[Call], eos: int | None, include_messages:
     mask: list[int] = []
     logprobs: list[float] | None = []
     inter_total = eos_inserted = 0
+    starts: list[tuple[int, CaptureRecord]] = []
     for k, call in enumerate(members):
+        starts.append((len(response), call.record))
         response += call.completion
         mask += [1] * len(call.completion)
         if logprobs is not None and call.logprobs is not None:
@@ -84,6 +88,7 @@ def assemble(chain: Chain, calls: list[Call], eos: int | None, include_messages:
         tools=list(last.tools or []) if include_messages else [],
         finish_reason=last.finish_reason,
         call_ids=[c.call_id for c in members],
+        policy_versions=shifted(starts),
     )
     return _Assembled(trace, inter_total, eos_inserted)
 
@@ -138,23 +143,22 @@ class PrefixMergingBuilder:
         prep = prepare(records)
         calls = prep.calls
         eos, eos_source = resolve_eos(calls, cfg.eos_token_id, cfg.infer_eos)
-        forest = build_forest(calls)
-        chains = cut_chains(forest, eos)
-        chain_of_call = {i: ci for ci, ch in enumerate(chains) for i in ch.calls}
-        link_breaks(chains, BreakFinder(calls, eos, cfg.min_shared_fraction), chain_of_call)
-        convs = group(chains, chain_of_call)
-        label_roles(chains, convs, calls)
+        an = analyse(calls, eos, cfg.min_shared_fraction)
+        chains, chain_of_call, convs = an.chains, an.chain_of_call, an.convs
+        lineage, lineage_stats = annotate(calls, an, chain_of_call, len(chains))
         traces: list[Trace] = []
         eos_inserted = 0
         for ci, chain in enumerate(chains):
             asm = assemble(chain, calls, eos, cfg.include_messages)
             asm.trace.metadata = _metadata(chain, asm, calls, convs[chain.conversation],
                                            chain_of_call)
+            asm.trace.metadata.update(lineage[ci])
             eos_inserted += asm.eos_inserted
             traces.append(asm.trace)
         stats = base_stats(prep, traces)
         stats.update(_merge_stats(chains, convs, eos, eos_source, eos_inserted))
         stats["tito"] = tito_stats(prep_records(records))
+        stats.update(lineage_stats, reward_scope=cfg.reward_scope)
         return BuildResult(traces, stats)
 
 

@@ -92,16 +92,21 @@ class SessionSim:
     # ---- calls ---------------------------------------------------------------------------
     def turn(self, conv: Conversation, *, words: int = 10, tool_call: bool = True,
              result_words: int = 12, advance: bool = True, truncate: bool = False,
-             no_eos: bool = False, drift: bool = False, logprobs: bool = True) -> CaptureRecord:
+             no_eos: bool = False, drift: bool = False, logprobs: bool = True,
+             tool: tuple[str, dict[str, Any]] | None = None, result: str | None = None,
+             content: str | None = None) -> CaptureRecord:
         """One model call on ``conv``. With ``advance`` the answer and a tool result (or a user
-        follow-up) are appended, so the next call extends this one."""
+        follow-up) are appended, so the next call extends this one. ``tool`` (name, arguments)
+        replaces the bash call, ``result`` the tool result's text, ``content`` the answer's text."""
         sent = conv.sent()
         prompt = self.tok.encode(self.tok.render(sent, tools=conv.tools or None))
-        reply: dict[str, Any] = {"role": "assistant", "content": self.words(words)}
+        reply: dict[str, Any] = {"role": "assistant",
+                                 "content": self.words(words) if content is None else content}
         call_id = self._id("tc")
-        if tool_call and conv.tools:
+        if tool is not None or (tool_call and conv.tools):
+            name, args = tool if tool is not None else ("bash", {"cmd": self.words(3)})
             reply["tool_calls"] = [{"id": call_id, "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"cmd": self.words(3)})}}]
+                "name": name, "arguments": json.dumps(args)}}]
         body = self._body_ids(sent, conv.tools, reply)
         finish = "tool_calls" if reply.get("tool_calls") else "stop"
         if truncate:
@@ -126,7 +131,7 @@ class SessionSim:
             conv.messages.append(reply)
             if reply.get("tool_calls"):
                 conv.messages.append({"role": "tool", "tool_call_id": call_id,
-                                      "content": self.words(result_words)})
+                                      "content": self.words(result_words) if result is None else result})
             else:
                 conv.messages.append({"role": "user", "content": self.words(result_words)})
         return rec

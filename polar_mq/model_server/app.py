@@ -556,9 +556,12 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
             deltas = token_deltas(tok, gen.reply, gen.ids, call_ids, names, limit=len(gen.text))
             per_token = want_ids or k is not None
             last = len(gen.ids) - 1
+            rl = app.config.get("RL_API")
             for i, (t, delta) in enumerate(zip(gen.ids, deltas)):
                 if config.token_latency_ms:
                     time.sleep(config.token_latency_ms / 1000.0)
+                if rl is not None and i:
+                    rl.hold_in_flight()  # pause mode keep (rl_api.py)
                 state.generations.token(rid)
                 if delta is None and i != last and not per_token:
                     continue

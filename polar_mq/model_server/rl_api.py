@@ -34,6 +34,13 @@ class RLState:
         self.running = threading.Event()
         self.running.set()
         self.weight_version = "default"
+        self.mode = "abort"  # of the last pause: "keep" freezes generations in flight too
+
+    def hold_in_flight(self) -> None:
+        """vLLM's pause mode keep: a running generation stops between two tokens until resume,
+        then goes on (with the new weights, on a real engine)."""
+        if self.mode == "keep" and not self.running.is_set():
+            self.running.wait(MAX_HOLD)
 
 
 def _json(body: object, status: int = 200) -> Response:
@@ -92,6 +99,7 @@ def register(app: Flask, generations: GenerationLog) -> RLState:
         if mode not in MODES:
             return _invalid("literal_error", "query.mode", "Input should be 'abort', 'wait' or 'keep'", mode,
                             expected="'abort', 'wait' or 'keep'")
+        state.mode = mode
         state.running.clear()
         return _json({"status": "paused"})
 

@@ -47,6 +47,7 @@ def fill_result(record: CaptureRecord, result: ChatResult, upstream_url: str) ->
     record.model_served = result.model or record.model_served
     record.upstream_url = upstream_url
     record.usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+    record.policy_versions = [[0, record.policy_version]]  # a stream's split: versions.split_stream
     record.notes.extend(n for n in result.notes if n not in record.notes)
     if result.prompt_token_ids is None or result.completion_token_ids is None:
         record.notes.append("upstream returned no token ids")
@@ -72,6 +73,7 @@ def fill_partial(record: CaptureRecord, result: ChatResult, upstream_url: str,
     record.upstream_url = upstream_url
     record.usage = {"prompt_tokens": len(record.prompt_token_ids),
                     "completion_tokens": len(record.completion_token_ids)}
+    record.policy_versions = [[0, record.policy_version]]
     what = "aborted by the gateway" if aborted else "stream broke"
     record.notes.append(f"{what} after {len(record.completion_token_ids)} sampled tokens; "
                         "the record keeps what was sampled")

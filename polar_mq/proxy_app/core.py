@@ -36,6 +36,7 @@ from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_res
 from .pause import PauseGate, _redis_error
 from .tito import Tito
 from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
+from .versions import split_stream
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -517,6 +518,7 @@ class Gateway:
                 if result.completion_token_ids is None or result.notes:
                     upstream.mark_no_stream_ids(handle.url)
                 fill_result(record, result, handle.url)
+                split_stream(record, acc, self.pause.state)
             else:
                 result, url = plain_chat(upstream, self.upstream_body(req), record, inflight, False)
                 fill_result(record, result, url)
@@ -534,6 +536,7 @@ class Gateway:
             if acc is not None and acc.started and handle is not None:
                 fill_partial(record, acc.result(), handle.url,
                              aborted=inflight.reason is not None)
+                split_stream(record, acc, self.pause.state)
             fill_error(record, error)
         record.latency_ms = round((time.monotonic() - t0) * 1000, 3)
         stored_error = self.finish(record, inflight, counted)

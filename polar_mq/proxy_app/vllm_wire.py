@@ -118,6 +118,9 @@ def parse_chat_response(data: dict[str, Any]) -> ChatResult:
     )
 
 
+TOKEN_GAP = 0.25  # s without a token: longer than a decode step, shorter than any weight sync
+
+
 class StreamAccumulator:
     """Builds the ChatResult of a streamed vLLM chat completion chunk by chunk, and says what each
     chunk added as normalised stream events. The one place that knows vLLM's chunk format: the
@@ -143,6 +146,11 @@ class StreamAccumulator:
         self.stop_reason: Any = None
         self.usage: dict[str, Any] = {}
         self.chunks = 0
+        # (offset of the first token after a pause in the token flow, unix arrival time): where a
+        # stream may have changed weights (proxy_app/versions.py); ordinary decode gaps stay under
+        # TOKEN_GAP so an ordinary stream records none.
+        self.gaps: list[tuple[int, float]] = []
+        self._last_token_at = 0.0
 
     def feed(self, chunk: dict[str, Any]) -> list[StreamEvent]:
         error = chunk_error(chunk)
@@ -167,6 +175,10 @@ class StreamAccumulator:
             events.extend(self._delta(choice.get("delta") or {}))
             if choice.get("token_ids") is not None:
                 self.ids_seen = True
+                now = time.time()
+                if self._last_token_at and now - self._last_token_at >= TOKEN_GAP:
+                    self.gaps.append((len(self.ids), now))
+                self._last_token_at = now
                 self.ids.extend(choice["token_ids"])
             content = (choice.get("logprobs") or {}).get("content")
             if content is not None:

@@ -25,6 +25,7 @@ from ..runtimes import NoIsolation, get_runtime, resolve_backend
 from ..runtimes.netbridge import sandbox_urls
 from ..runtimes.local import refused_prepare
 from .taskspec import TaskRequest
+from ..merge.rewards import assign_rewards
 from ..weight_versions import stamp_versions
 from . import early_stop
 from .cancel_watch import CancelWatch
@@ -344,8 +345,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
                                               roles=sft.get("sft_roles"))
         except Exception:
             log.exception("offline SFT recording failed for %s", session_id)
-    for trace in traj.traces:
-        trace.reward = traj.reward
+    assign_rewards(traj)  # the builder's reward_scope (merge/rewards.py)
     stamp_versions(traj, calls, task.metadata)  # policy_version on trajectory and traces
     traj.status = outcome
     early_stop.label(store, traj, traj.error)  # cancelled by early stop: kept, labelled

@@ -125,7 +125,21 @@ def _strategy(data: Any, where: str, default: str, choices: tuple[str, ...] | No
     if choices and strategy not in choices and ":" not in strategy:
         raise ValidationError(f"{where}strategy", f"unknown {strategy!r}; use one of {', '.join(choices)} "
                                                  f"or 'module:Class'")
-    return StrategySpec(strategy, _get(data, "config", dict, where, default={}))
+    config = _get(data, "config", dict, where, default={})
+    if where == "builder." and strategy in BUILDERS:
+        _check_builder_config(strategy, config)
+    return StrategySpec(strategy, config)
+
+
+def _check_builder_config(strategy: str, config: dict[str, Any]) -> None:
+    """A built-in builder's config (e.g. a bad `reward_scope`) fails at submit, not at postrun."""
+    from ..merge.registry import get_builder
+
+    try:
+        get_builder(strategy, config)
+    except ValueError as exc:
+        key = str(exc).split("config key ", 1)[-1].split("'")[1] if "config key '" in str(exc) else ""
+        raise ValidationError(f"builder.config.{key}" if key else "builder.config", str(exc)) from None
 
 
 def parse_task(data: Any) -> TaskRequest:

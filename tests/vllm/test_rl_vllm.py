@@ -138,3 +138,58 @@ def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, standin_url, lo
         assert answer["id"] == "chatcmpl-polar-contract-abort" and choice["finish_reason"] == "abort"
         n = len(choice["token_ids"])
         assert 1 <= n < 6000 and len(choice["logprobs"]["content"]) == n == answer["usage"]["completion_tokens"]
+
+
+def test_a_keep_pause_splits_a_real_vllm_stream(vllm_gateway, vllm_url, redis_url, log_dir):
+    """vLLM's pause mode keep freezes a generation in flight; after the resume it goes on with the
+    new weights: its record carries two policy versions, split at the first token after the resume
+    (CONTRACT "Agent lineage and versions per token"; proxy_app/versions.py)."""
+    port = free_port()
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", redis_url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-vllm-keep-{port}", env={"POLAR_API_TOKEN": ""})
+    base, headers = f"http://127.0.0.1:{port}", vllm_gateway.admin_headers
+    try:
+        requests.post(f"{base}/v1/admin/resume", headers=headers, json={"policy_version": 50},
+                      timeout=60).raise_for_status()
+        s = vllm_gateway.new_session()
+        body = {"model": SERVED, "stream": True, "max_tokens": 6000, "ignore_eos": True, "temperature": 0,
+                "messages": [{"role": "user", "content": "Tell a very long story."}]}
+        seen: list[bytes] = []
+        failed: list[str] = []
+
+        def read() -> None:
+            with requests.post(f"{s['base_urls']['openai']}/chat/completions", json=body, stream=True,
+                               timeout=300) as resp:
+                if not resp.ok:
+                    failed.append(f"{resp.status_code} {resp.text[:500]}")
+                    return
+                for line in resp.iter_lines():
+                    if line:
+                        seen.append(line)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:  # the stream has begun (frames batch tokens)
+            time.sleep(0.005)
+        time.sleep(0.2)
+        assert reader.is_alive(), (failed, [(c["finish_reason"], len(c["completion_token_ids"]))
+                                            for c in vllm_gateway.calls(s["session_id"])])
+        paused = requests.post(f"{base}/v1/admin/pause", headers=headers, params={"wait": 0.2, "mode": "keep"},
+                               timeout=120).json()
+        assert paused["drained"] is False and paused["upstreams"][vllm_url]["is_paused"] is True
+        time.sleep(1.5)
+        assert reader.is_alive()  # frozen by the engine, not finished
+        requests.post(f"{base}/v1/admin/resume", headers=headers, json={"policy_version": 51},
+                      timeout=60).raise_for_status()
+        reader.join(300)
+        [rec] = vllm_gateway.calls(s["session_id"])
+        n = len(rec["completion_token_ids"])
+        assert rec["policy_version"] == 50 and n == 6000
+        pairs = rec["policy_versions"]
+        assert len(pairs) == 2 and pairs[0] == [0, 50] and pairs[1][1] == 51, pairs
+        assert 0 < pairs[1][0] < n, pairs
+    finally:
+        requests.post(f"{base}/v1/admin/resume", headers=vllm_gateway.admin_headers, timeout=60)
+        stop(api.proc)

@@ -200,7 +200,14 @@ function traceSection(tr, texts, calls) {
     el("span", {}, `${tr.loss_mask.reduce((a, b) => a + b, 0)} trained`),
     el("span", {}, `calls ${tr.call_ids.length}`),
     el("span", {}, `finish ${tr.finish_reason || "–"}`),
-    el("span", {}, `reward ${fmt.num(tr.reward)}`));
+    el("span", {}, `reward ${fmt.num(tr.reward)}`),
+    meta.origin ? badge(`origin: ${meta.origin}`, "TIMEOUT") : null,
+    meta.spawned_by ? el("a", { href: `#trace-${meta.spawned_by.trace_index}` },
+      `spawned by trace ${meta.spawned_by.trace_index} (${meta.spawned_by.tool})`) : null,
+    meta.continues_from ? el("a", { href: `#trace-${meta.continues_from.trace_index}` },
+      `continues from trace ${meta.continues_from.trace_index} (${meta.continues_from.reason})`) : null);
+  // Where the sampling policy changed (policy_versions: offsets into the response tokens).
+  const versionAt = new Map((tr.policy_versions || []).filter((p, k) => k > 0).map(p => [p[0], p[1]]));
   const box = el("div", { class: "tokens" });
   const frag = document.createDocumentFragment();
   const marks = new Map(tr.boundaries.map(b => [b.position, b]));
@@ -219,12 +226,26 @@ function traceSection(tr, texts, calls) {
   const lps = tr.response_logprobs || [];
   tr.response_ids.forEach((id, i) => {
     put(nPrompt + i);
+    if (versionAt.has(i)) frag.append(el("span", { class: "vboundary", dataset: { policyVersion: versionAt.get(i) },
+      title: `from here sampled by policy version ${versionAt.get(i)}` }, `▸ v${versionAt.get(i)}`));
     const mask = tr.loss_mask[i] ? 1 : 0;
     frag.append(tokenSpan(texts, id, mask, "response", mask ? lps[i] : null));
   });
   box.append(frag);
-  return el("section", { class: "trace", dataset: { traceIndex: tr.index } }, head,
+  return el("section", { class: "trace", id: `trace-${tr.index}`, dataset: { traceIndex: tr.index } }, head,
             tr.diff ? diffBox(tr.diff, texts) : null, box);
+}
+
+function treeSection(tree) {
+  // The session as a tree: sub-agents under the trace that spawned them, compaction continuations
+  // under the summary's trace, retries and forks under their sibling (ui_tree.py).
+  if (!tree || !tree.length) return el("p", { class: "muted" }, "no traces");
+  return el("ul", { id: "lineage-tree", class: "tree" }, tree.map(n => el("li", {
+      style: `margin-left:${n.depth * 1.5}em`, dataset: { treeTrace: n.index, treeParent: n.parent ?? "" } },
+    el("a", { href: `#trace-${n.index}` }, `trace ${n.index}`), " ",
+    n.origin ? badge(n.origin, n.origin === "root" ? "ok" : "RUNNING") : null, " ",
+    el("span", { class: "muted" }, `${n.edge} · ${n.role || "–"} · ${n.calls} call${n.calls === 1 ? "" : "s"}`),
+    n.versions.length > 1 ? el("span", {}, ` · policy versions ${n.versions.join(" → ")}`) : null)));
 }
 
 function gradeSection(grade) {
@@ -308,10 +329,14 @@ async function sessionPage(sessionId) {
     page.calls_error ? el("p", { class: "error" }, page.calls_error) : null,
     callsSection(sessionId, page.calls),
     el("h2", {}, "Trajectory"),
+    page.tree && page.tree.length > 1 ? el("h3", {}, "Tree") : null,
+    page.tree && page.tree.length > 1 ? treeSection(page.tree) : null,
     traj ? kv([["status", badge(traj.status)], ["source", traj.source === "live" ? "live (built by the gateway now)" : "stored result"],
                ["traces", stats.traces], ["calls", stats.calls], ["sampled tokens", stats.sampled_tokens],
                ["trained tokens", stats.delivered_tokens], ["delivered", fmt.num(stats.delivered_fraction, 4)],
-               ["breaks", stats.breaks ?? "–"], ["conversations", stats.conversations ?? "–"]])
+               ["breaks", stats.breaks ?? "–"], ["conversations", stats.conversations ?? "–"],
+               ["origins", stats.origins ? Object.entries(stats.origins).filter(e => e[1]).map(e => `${e[0]} ${e[1]}`).join(", ") : "–"],
+               ["reward scope", stats.reward_scope || "session"]])
          : el("p", { class: "muted" }, "no trajectory yet"),
     tokens.error ? el("p", { class: "error", id: "token-error" }, `token text unavailable (ids shown): ${tokens.error}`) : null,
     el("div", { class: "controls" }, mode, el("div", { class: "legend" },
