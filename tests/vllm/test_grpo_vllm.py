@@ -80,7 +80,7 @@ def grpo(tmp_path, monkeypatch, url: str, *args: str) -> tuple[list[dict], dict]
     monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
     out = tmp_path / "run"
     summary = grpo_run.run(grpo_run.parser().parse_args(
-        ["--prompts", str(PROMPTS), "--group-size", str(GROUP), "--seed", "0", "--out", str(out),
+        ["--harness", "shell", "--prompts", str(PROMPTS), "--group-size", str(GROUP), "--seed", "0", "--out", str(out),
          "--vllm-url", url, *args]))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     print("grpo: " + summary["line"] + "; per step " + " ".join(f"{r['mean_reward']:.3f}" for r in rows)
@@ -98,7 +98,10 @@ def check_loop(rows: list[dict], summary: dict, steps: int, out: Path, url: str)
     # the last sync reached vLLM: it serves the weights of version `steps` now
     assert requests.get(f"{url}/weight_info", timeout=10).json() == {"weight_version": str(steps)}
     first, last = rows[0]["mean_reward"], (rows[-1]["mean_reward"] + rows[-2]["mean_reward"]) / 2
-    assert summary["line"] == f"rl-demo: mean reward {first:.2f} -> {last:.2f} over {steps} steps (seed 0)"
+    assert summary["line"] == (f"rl-demo: harness shell, trainer polar, builder prefix_merging, "
+                               f"mean reward {first:.2f} -> {last:.2f} over {steps} steps (seed 0)")
+    # prefix_merging: one trace per (single-call) session, all of them trained on when used
+    assert all(r["sequences"] == r["groups_trained"] * GROUP for r in rows), rows
     assert (out / "reward.png").stat().st_size > 10_000
 
 
