@@ -57,7 +57,7 @@ def _tiny():
     return mod
 
 
-MULTI_PER_TURN = 96  # multi-turn chats per extra turn (random histories; the model must read the last turn)
+MULTI_PER_TURN = 48  # multi-turn chats per extra turn (random histories; the model must read the last turn)
 
 
 def chats(turns: int = 1, seed: int = 0) -> tuple[list, list[str]]:

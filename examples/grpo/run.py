@@ -28,7 +28,8 @@ step, B: mean of the last two steps).
 Harnesses: ``shell`` is the one whose base policy exists here. ``codex`` and ``claude_code`` (the
 real CLIs) need a base policy trained on their own prompts (~9k tokens for Codex with the
 project's tokenizer), which is not built yet: they stop with that reason before any work
-(docs/rl.md, "Through a real harness"). ``--trainer trl`` likewise stops with its reason.
+(docs/rl.md, "Through a real harness"). ``--trainer trl``: TRL's GRPOTrainer on the same rollouts
+and weight sync (``trl_loop.py``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ NOT_BUILT = {
              "prompt only). See docs/rl.md, 'Through a real harness'.",
     "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
                    "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
-    "trl": "trainer trl: TRL's GRPOTrainer is not wired into this loop yet (polar_mq/trainers/trl.py has the "
-           "rollout_func; the weight sync and the multi-trace samples are missing). See docs/rl.md.",
 }
 
 
@@ -107,18 +106,73 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
     }
 
 
-def run(args: argparse.Namespace) -> dict:
-    from polar_mq.client import Client
+def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, tmpl: dict, rows_for_step) -> list[dict]:
+    """``--trainer polar``: rollout (groups API), trainer.PolicyTrainer, in-place sync, ack; per-step rows."""
     from polar_mq.datasets import TaskOptions, build_tasks
     from polar_mq.datasets.readers import Row
     from polar_mq.datasets.submit import submit_built
-    from polar_mq.embedded_redis import free_port
     from polar_mq.trainers.samples import samples_from_group
+
+    from examples.grpo.trainer import PolicyTrainer
+
+    version = 0
+    rows_out: list[dict] = []
+    trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
+    stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
+                           policy_version=lambda: version, drop_unusable=False)
+    for step in range(args.steps):
+        t0 = time.time()
+        rows = [Row(i + 1, r) for i, r in enumerate(rows_for_step(step))]
+        built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
+        bad = [b for b in built if b.task is None]
+        if bad:
+            raise SystemExit(f"dataset rows rejected: {[b.error for b in bad]}")
+        outcomes = submit_built(client, built)
+        errors = [o for o in outcomes if o.status == "error"]
+        if errors:
+            raise SystemExit(f"submit failed: {[o.error for o in errors]}")
+        groups = stream.next_batch(args.prompts, timeout=args.step_timeout)
+        if len(groups) < args.prompts:
+            raise SystemExit(f"step {step}: {len(groups)} of {args.prompts} groups after {args.step_timeout}s")
+        t1 = time.time()
+        batches = [samples_from_group(g, advantage="mean_std") for g in groups]
+        samples = [s for b in batches for s in b.samples]
+        used = sum(1 for b in batches if b.samples)
+        stats = trainer.step(samples, lr_scale=used / len(batches) if args.lr_by_groups else 1.0)
+        t2 = time.time()
+        new_dir = out / "weights" / f"v{version + 1}"
+        t_save = trainer.save(new_dir)
+        for name in ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                     "special_tokens_map.json"):
+            src = wdir / name
+            if src.is_dir():
+                shutil.copytree(src, new_dir / name, dirs_exist_ok=True)
+            elif src.exists():
+                shutil.copy2(src, new_dir / name)
+        timing = sync(server, client, new_dir, version + 1, method=args.sync)
+        for g in groups:
+            stream.ack(g, reason="trained")
+        row = step_metrics(step, version, groups, batches, stats, timing, t1 - t0, t2 - t1, t_save,
+                           time.time() - t0)
+        rows_out.append(row)
+        (out / "metrics.jsonl").open("a").write(json.dumps(row) + "\n")
+        log(f"step {step}: v{version} mean reward {row['mean_reward']:.3f} pass {row['pass_rate']:.3f} "
+            f"tokens {row['tokens_trained']} rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
+            f"sync {row['sync_s']:.2f}s (downtime {row['sync_downtime_s']:.2f}s) wall {row['wall_s']:.1f}s")
+        old, wdir, version = wdir, new_dir, version + 1
+        if old.name != "v0":
+            shutil.rmtree(old, ignore_errors=True)
+    return rows_out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from polar_mq.client import Client
+    from polar_mq.embedded_redis import free_port
     from polar_mq.up import launch
 
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
-    from examples.grpo.trainer import PolicyTrainer
 
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
@@ -156,55 +210,18 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                                seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
-        stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
-                               policy_version=lambda: version, drop_unusable=False)
         tmpl = template(builder=args.builder)
+
+        def rows_for_step(step: int) -> list[dict]:
+            return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)
+
         t_run = time.time()
-        for step in range(args.steps):
-            t0 = time.time()
-            rows = [Row(i + 1, r) for i, r in
-                    enumerate(task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns))]
-            built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
-            bad = [b for b in built if b.task is None]
-            if bad:
-                raise SystemExit(f"dataset rows rejected: {[b.error for b in bad]}")
-            outcomes = submit_built(client, built)
-            errors = [o for o in outcomes if o.status == "error"]
-            if errors:
-                raise SystemExit(f"submit failed: {[o.error for o in errors]}")
-            groups = stream.next_batch(args.prompts, timeout=args.step_timeout)
-            if len(groups) < args.prompts:
-                raise SystemExit(f"step {step}: {len(groups)} of {args.prompts} groups after {args.step_timeout}s")
-            t1 = time.time()
-            batches = [samples_from_group(g, advantage="mean_std") for g in groups]
-            samples = [s for b in batches for s in b.samples]
-            used = sum(1 for b in batches if b.samples)
-            stats = trainer.step(samples, lr_scale=used / len(batches) if args.lr_by_groups else 1.0)
-            t2 = time.time()
-            new_dir = out / "weights" / f"v{version + 1}"
-            t_save = trainer.save(new_dir)
-            for name in ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                         "special_tokens_map.json"):
-                src = wdir / name
-                if src.is_dir():
-                    shutil.copytree(src, new_dir / name, dirs_exist_ok=True)
-                elif src.exists():
-                    shutil.copy2(src, new_dir / name)
-            timing = sync(server, client, new_dir, version + 1, method=args.sync)
-            for g in groups:
-                stream.ack(g, reason="trained")
-            row = step_metrics(step, version, groups, batches, stats, timing, t1 - t0, t2 - t1, t_save,
-                               time.time() - t0)
-            rows_out.append(row)
-            (out / "metrics.jsonl").open("a").write(json.dumps(row) + "\n")
-            log(f"step {step}: v{version} mean reward {row['mean_reward']:.3f} pass {row['pass_rate']:.3f} "
-                f"tokens {row['tokens_trained']} rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
-                f"sync {row['sync_s']:.2f}s (downtime {row['sync_downtime_s']:.2f}s) wall {row['wall_s']:.1f}s")
-            old, wdir, version = wdir, new_dir, version + 1
-            if old.name != "v0":
-                shutil.rmtree(old, ignore_errors=True)
+        if args.trainer == "trl":
+            from examples.grpo import trl_loop
+
+            rows_out = trl_loop.train(args, client, server, out, wdir, tmpl, rows_for_step, log)
+        else:
+            rows_out = polar_loop(args, client, server, out, wdir, tmpl, rows_for_step)
         summary = write_report(out, rows_out, seed=args.seed, harness=args.harness, trainer=args.trainer,
                                builder=args.builder, turns=args.turns, total_s=time.time() - t_run,
                                vllm_start_s=t_start, vllm_weight_version=server.weight_version())
