@@ -163,3 +163,28 @@ def test_the_cursor_grader_rewards_the_direction_its_task_names(tmp_path, move, 
     grade = run_grading(f"{CursorGrader.__module__}:CursorGrader", {}, Trajectory(session_id=s.name),
                         s.context(task=task))
     assert grade.reward == reward, grade
+
+
+def test_trl_rollout_refuses_part_of_a_session():
+    """PolarRollout hands TRL one trace per sample: a one-trace session goes whole; a session of
+    several traces is refused by default (training on its first trace only would drop the rest
+    silently), or with multi_trace='main' gives the main trace and counts the dropped ones."""
+    from polar_mq.trainers.trl import PolarRollout
+
+    def trace(n: int, role: str) -> dict:
+        return {"prompt_ids": [1] * n, "response_ids": [2, 3], "response_logprobs": [-0.1, -0.2],
+                "loss_mask": [1, 1], "metadata": {"role": role}}
+
+    one = {"session_id": "s1", "status": "COMPLETED", "reward": 1.0, "traces": [trace(3, "main")]}
+    many = {"session_id": "s2", "status": "COMPLETED", "reward": 0.0, "traces": [trace(3, "side"), trace(5, "main")]}
+    out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "polar_reward", "polar_session_id")}
+    strict = PolarRollout(client=None, template={})
+    strict._append(out, one)
+    assert out["prompt_ids"] == [[1, 1, 1]] and out["env_mask"] == [[1, 1]] and out["polar_reward"] == [1.0]
+    with pytest.raises(ValueError, match="s2 has 2 traces"):
+        strict._append(out, many)
+    main = PolarRollout(client=None, template={}, multi_trace="main")
+    main._append(out, many)
+    assert out["prompt_ids"][-1] == [1] * 5 and main.dropped_traces == 1
+    with pytest.raises(ValueError):
+        PolarRollout(client=None, template={}, multi_trace="first")

@@ -177,6 +177,9 @@ def run(args: argparse.Namespace) -> dict:
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
+    if args.trainer == "trl" and args.builder == "per_request" and args.turns > 1:
+        raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
+                         "several traces (polar_mq/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)

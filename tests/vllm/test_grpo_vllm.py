@@ -154,7 +154,7 @@ def test_trl_steps_reach_vllm(tmp_path, monkeypatch, shared_vllm):
     out = tmp_path / "trl"
     summary = grpo_run.run(grpo_run.parser().parse_args(
         ["--harness", "shell", "--trainer", "trl", "--steps", "2", "--prompts", "2", "--group-size", "4",
-         "--seed", "0", "--lr", "5e-2", "--out", str(out), "--vllm-url", shared_vllm]))
+         "--seed", "0", "--lr", "1e-2", "--out", str(out), "--vllm-url", shared_vllm]))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [0, 1] and all(r["staleness_max"] == 0 for r in rows), rows
     assert all(r["sessions"] == 8 and r["errors"] == 0 for r in rows), rows
