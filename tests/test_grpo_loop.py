@@ -92,8 +92,11 @@ def test_summary_lines_are_the_contracts():
                                 "3.00x fewer sequences, 3.08x faster trainer")
 
 
-@pytest.mark.parametrize("argv,reason", [(["--harness", "codex"], "harness codex"),
-                                         (["--harness", "shell", "--trainer", "trl"], "trainer trl")])
+@pytest.mark.parametrize("argv,reason", [
+    (["--harness", "codex"], "harness codex"),
+    (["--harness", "claude_code"], "harness claude_code"),
+    (["--harness", "shell", "--trainer", "trl", "--builder", "per_request", "--turns", "3"], "trainer trl"),
+])
 def test_the_paths_not_built_stop_with_their_reason(tmp_path, argv, reason):
     """A harness or trainer without its base policy / wiring stops before any work with the reason,
     instead of running a loop whose reward is 0 by construction."""
