@@ -149,6 +149,12 @@ def test_trl_steps_reach_vllm(tmp_path, monkeypatch, shared_vllm):
     second batch was sampled by version 1, the groups were acked, and what vLLM serves now is the
     trained weights, not the base policy's (the logprobs differ, and putting v0 back restores them)."""
     pytest.importorskip("trl")
+    import importlib
+
+    # pytest puts tests/ on sys.path, where this suite's directory looks like a package named vllm
+    # without a version, and TRL's optional-vLLM probe fails to parse it (as in
+    # tests/test_trl_rollout.py); the loop samples through polar_mq, not TRL's vLLM
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda *a, **k: False)
     monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
     out = tmp_path / "trl"
