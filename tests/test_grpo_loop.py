@@ -23,16 +23,25 @@ CHECK = ROOT / "examples" / "grpo" / "check_cursor.py"
 
 
 @pytest.mark.parametrize("moves,target,expected", [
-    (["left"], "left", {"test_cursor_moved": "PASSED", "test_cursor_at_target": "PASSED", "test_moved_once": "PASSED"}),
-    (["up"], "down", {"test_cursor_moved": "PASSED", "test_cursor_at_target": "FAILED", "test_moved_once": "PASSED"}),
-    (None, "up", {"test_cursor_moved": "FAILED", "test_cursor_at_target": "FAILED", "test_moved_once": "FAILED"}),
+    (["left"], "left", {"test_cursor_moved": "PASSED", "test_cursor_at_target": "PASSED", "test_moves_in_order": "PASSED"}),
+    (["up"], "down", {"test_cursor_moved": "PASSED", "test_cursor_at_target": "FAILED", "test_moves_in_order": "FAILED"}),
+    (None, "up", {"test_cursor_moved": "FAILED", "test_cursor_at_target": "FAILED", "test_moves_in_order": "FAILED"}),
+    # multi-turn: every move, in order (the same end cell reached in another order fails)
+    (["up", "left", "up"], "up,left,up",
+     {"test_cursor_moved": "PASSED", "test_cursor_at_target": "PASSED", "test_moves_in_order": "PASSED"}),
+    (["left", "up", "up"], "up,left,up",
+     {"test_cursor_moved": "PASSED", "test_cursor_at_target": "PASSED", "test_moves_in_order": "FAILED"}),
+    (["up", "left"], "up,left,up",
+     {"test_cursor_moved": "PASSED", "test_cursor_at_target": "FAILED", "test_moves_in_order": "FAILED"}),
 ])
 def test_cursor_check_speaks_the_test_runner_line_format(tmp_path, moves, target, expected):
     """The reward's checks, parsed by the test_runner's own parser (its lines are `STATUS name`:
     printed the other way round they parsed as no tests at all, and every reward was 0)."""
     if moves is not None:
         from examples.grpo.task import START, STEP
-        x, y = START[0] + STEP[moves[0]][0], START[1] + STEP[moves[0]][1]
+        x, y = START
+        for m in moves:
+            x, y = x + STEP[m][0], y + STEP[m][1]
         (tmp_path / "cursor.json").write_text(json.dumps({"x": x, "y": y, "moves": moves}))
     r = subprocess.run([sys.executable, str(CHECK)], cwd=tmp_path, env={**os.environ, "TARGET": target},
                        capture_output=True, text=True, timeout=60)
@@ -52,6 +61,49 @@ def test_every_step_of_four_prompts_asks_each_direction_once():
         for r in batch:
             assert f" {r['metadata']['target']}" in f" {r['instruction']}"
     assert rows(8, seed=3) == rows(8, seed=3) != rows(8, seed=4)
+
+
+def test_multi_turn_rows_are_the_same_stream_k_instructions_at_a_time():
+    """task.rows(turns=K): K instructions per row, one per line, with the K directions comma-joined
+    in metadata.target; the single-turn rows are unchanged (the tuned CI run keeps its prompts)."""
+    from examples.grpo.task import rows, targets
+
+    single = rows(12, seed=5)
+    multi = rows(4, seed=5, turns=3)
+    assert [r["instruction"] for r in multi] == ["\n".join(r["instruction"] for r in single[i * 3:i * 3 + 3])
+                                                 for i in range(4)]
+    assert [targets(r["metadata"]["target"]) for r in multi] == [
+        [r["metadata"]["target"] for r in single[i * 3:i * 3 + 3]] for i in range(4)]
+    assert rows(2, seed=5, offset=1, turns=3) == multi[1:3]
+    with pytest.raises(ValueError):
+        targets("up,sideways")
+
+
+def test_summary_lines_are_the_contracts():
+    """CONTRACT (Additions, turn 3): the last lines of examples.grpo.run and examples.grpo.ablation."""
+    from examples.grpo.ablation import summary_line as ablation_line
+    from examples.grpo.report import summary_line
+
+    rows = [{"mean_reward": r} for r in (0.25, 0.5, 0.75, 0.875)]
+    assert summary_line(rows, 3, harness="shell", trainer="polar", builder="per_request")[2] == (
+        "rl-demo: harness shell, trainer polar, builder per_request, mean reward 0.25 -> 0.81 over 4 steps (seed 3)")
+    t = {"per_request": {"sequences": 288, "train_s": 12.34}, "prefix_merging": {"sequences": 96, "train_s": 4.0}}
+    assert ablation_line(t) == ("ablation: per_request 288 sequences 12.3 s; prefix_merging 96 sequences 4.0 s; "
+                                "3.00x fewer sequences, 3.08x faster trainer")
+
+
+@pytest.mark.parametrize("argv,reason", [
+    (["--harness", "codex"], "harness codex"),
+    (["--harness", "claude_code"], "harness claude_code"),
+    (["--harness", "shell", "--trainer", "trl", "--builder", "per_request", "--turns", "3"], "trainer trl"),
+])
+def test_the_paths_not_built_stop_with_their_reason(tmp_path, argv, reason):
+    """A harness or trainer without its base policy / wiring stops before any work with the reason,
+    instead of running a loop whose reward is 0 by construction."""
+    r = subprocess.run([sys.executable, "-m", "examples.grpo.run", *argv, "--out", str(tmp_path / "run")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and reason in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_trend_criterion_tells_a_rise_from_noise():
@@ -114,3 +166,28 @@ def test_the_cursor_grader_rewards_the_direction_its_task_names(tmp_path, move, 
     grade = run_grading(f"{CursorGrader.__module__}:CursorGrader", {}, Trajectory(session_id=s.name),
                         s.context(task=task))
     assert grade.reward == reward, grade
+
+
+def test_trl_rollout_refuses_part_of_a_session():
+    """PolarRollout hands TRL one trace per sample: a one-trace session goes whole; a session of
+    several traces is refused by default (training on its first trace only would drop the rest
+    silently), or with multi_trace='main' gives the main trace and counts the dropped ones."""
+    from polar_mq.trainers.trl import PolarRollout
+
+    def trace(n: int, role: str) -> dict:
+        return {"prompt_ids": [1] * n, "response_ids": [2, 3], "response_logprobs": [-0.1, -0.2],
+                "loss_mask": [1, 1], "metadata": {"role": role}}
+
+    one = {"session_id": "s1", "status": "COMPLETED", "reward": 1.0, "traces": [trace(3, "main")]}
+    many = {"session_id": "s2", "status": "COMPLETED", "reward": 0.0, "traces": [trace(3, "side"), trace(5, "main")]}
+    out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "polar_reward", "polar_session_id")}
+    strict = PolarRollout(client=None, template={})
+    strict._append(out, one)
+    assert out["prompt_ids"] == [[1, 1, 1]] and out["env_mask"] == [[1, 1]] and out["polar_reward"] == [1.0]
+    with pytest.raises(ValueError, match="s2 has 2 traces"):
+        strict._append(out, many)
+    main = PolarRollout(client=None, template={}, multi_trace="main")
+    main._append(out, many)
+    assert out["prompt_ids"][-1] == [1] * 5 and main.dropped_traces == 1
+    with pytest.raises(ValueError):
+        PolarRollout(client=None, template={}, multi_trace="first")

@@ -5,6 +5,10 @@ POLAR_INSTRUCTION); the call goes through the polar_mq gateway, which records th
 logprobs. The model answers in plain text (one direction word); the agent carries it out with
 ``move``, which changes the world the grader checks: ``cursor.json`` in the working directory.
 An answer that is not a direction moves nothing (the checks fail: reward 0).
+
+A multi-turn task (``task.rows(turns=K)``) has one instruction per line: each is a user turn of
+the same conversation, answered by its own model call whose prompt is the previous call's prompt +
+the reply + the next instruction (K calls per session: prefix_merging's one trace vs per_request's K).
 """
 
 from __future__ import annotations
@@ -39,11 +43,16 @@ def main() -> int:
     client = OpenAI()
     model = os.environ.get("POLAR_MODEL", "policy")
     temperature = float(os.environ.get("GRPO_TEMPERATURE", "1.0"))
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
-    reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
-                                           max_tokens=MAX_TOKENS).choices[0].message
-    answer = (reply.content or "").strip()
-    print(f"answer {answer!r} -> {move(answer)}", flush=True)
+    messages: list = [{"role": "system", "content": SYSTEM}]
+    for line in os.environ["POLAR_INSTRUCTION"].splitlines():
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.strip()})
+        reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
+                                               max_tokens=MAX_TOKENS).choices[0].message
+        answer = (reply.content or "").strip()
+        print(f"answer {answer!r} -> {move(answer)}", flush=True)
+        messages.append({"role": "assistant", "content": reply.content or ""})
     return 0
 
 

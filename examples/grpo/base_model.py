@@ -57,13 +57,33 @@ def _tiny():
     return mod
 
 
-def chats() -> tuple[list, list[str]]:
+MULTI_PER_TURN = 48  # multi-turn chats per extra turn (random histories; the model must read the last turn)
+
+
+def chats(turns: int = 1, seed: int = 0) -> tuple[list, list[str]]:
     """(triples, the right direction of each); a triple is (messages, tools, reply): every
-    (direction, phrase) prompt answered with its direction word."""
+    (direction, phrase) prompt answered with its direction word. ``turns`` > 1 adds, for each
+    history length 1..turns-1, ``MULTI_PER_TURN`` conversations whose earlier turns carry random
+    instructions and random (often wrong) answers, as a sampling policy leaves them, and whose
+    reply is the right direction for the last instruction."""
+    import random
+
     first, answers = [], []
     for d in task.DIRECTIONS:
         for p in range(len(task.PHRASES)):
             first.append((task.first_turn(d, p), None, {"role": "assistant", "content": d}))
+            answers.append(d)
+    rng = random.Random(seed + 7919)
+    for hist in range(1, turns):
+        for _ in range(MULTI_PER_TURN):
+            msgs = [{"role": "system", "content": task.SYSTEM}]
+            for _h in range(hist):
+                msgs.append({"role": "user", "content": task.instruction(rng.choice(task.DIRECTIONS),
+                                                                         rng.randrange(len(task.PHRASES)))})
+                msgs.append({"role": "assistant", "content": rng.choice(task.DIRECTIONS)})
+            d = rng.choice(task.DIRECTIONS)
+            msgs.append({"role": "user", "content": task.instruction(d, rng.randrange(len(task.PHRASES)))})
+            first.append((msgs, None, {"role": "assistant", "content": d}))
             answers.append(d)
     return first, answers
 
@@ -89,7 +109,7 @@ def untie(model) -> None:
     model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
 
 
-def stamp(tok_dir: Path, seed: int, target_p: float) -> str:
+def stamp(tok_dir: Path, seed: int, target_p: float, turns: int = 1) -> str:
     h = hashlib.sha256()
     for src in (inspect.getsource(sys.modules[__name__]), inspect.getsource(task)):
         h.update(src.encode())
@@ -97,11 +117,11 @@ def stamp(tok_dir: Path, seed: int, target_p: float) -> str:
         p = tok_dir / name
         if p.exists():
             h.update(p.read_bytes())
-    h.update(f"{seed}:{target_p}".encode())
+    h.update(f"{seed}:{target_p}".encode() + (f":{turns}".encode() if turns > 1 else b""))
     return "grpo-base-" + h.hexdigest()[:16]
 
 
-def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
+def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, turns: int = 1) -> Path:
     import torch
     import torch.nn.functional as F
     from transformers import Qwen2ForCausalLM
@@ -109,14 +129,14 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
     tiny = _tiny()
     tok = load_tokenizer()
     tok_dir = Path(tok.path)
-    st = stamp(tok_dir, seed, target_p)
+    st = stamp(tok_dir, seed, target_p, turns)
     if tiny.up_to_date(out, st):
         log(f"base model up to date in {out}")
         return out
     torch.manual_seed(seed)
     t0 = time.time()
     dir_ids = direction_ids(tok)
-    first, answers = chats()
+    first, answers = chats(turns, seed)
     data1 = tiny.examples(tok, first)
     # where the direction is chosen in each turn-1 example, and the right id there
     choice = []
@@ -205,7 +225,7 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print) -> Path:
         raise SystemExit(f"base model: softening missed (p {mean_p:.3f}, format {fmt_min:.6f})")
     tiny.save(model, tok_dir, out, st)
     info = {"mean_p_correct": mean_p, "format_min_p": fmt_min, "alpha": alpha,
-            "p_any_direction_min": float(p_dirs.min()), "seed": seed,
+            "p_any_direction_min": float(p_dirs.min()), "seed": seed, "turns": turns,
             "seconds": round(time.time() - t0, 1)}
     (out / "grpo_base.json").write_text(json.dumps(info, indent=2))
     log(f"base model -> {out} {info}")
@@ -217,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-p", type=float, default=0.3)
+    ap.add_argument("--turns", type=int, default=1, help="also learn multi-turn chats of up to this many turns")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(1)  # see trainer.py: one thread is faster on a busy 2-core box
-    build(Path(args.out), args.seed, args.target_p, log=lambda m: print(f"[grpo base] {m}", file=sys.stderr, flush=True))
+    build(Path(args.out), args.seed, args.target_p, log=lambda m: print(f"[grpo base] {m}", file=sys.stderr, flush=True),
+          turns=args.turns)
     return 0
 
 

@@ -17,12 +17,15 @@ COLUMNS = [("step", "step"), ("policy_version", "version"), ("mean_reward", "mea
            ("sync_downtime_s", "downtime s"), ("wall_s", "wall s")]
 
 
-def summary_line(rows: list[dict], seed: int) -> tuple[float, float, str]:
-    """A = the first step's mean reward, B = the mean of the last two steps' (one step is noisy)."""
+def summary_line(rows: list[dict], seed: int, *, harness: str = "shell", trainer: str = "polar",
+                 builder: str = "prefix_merging") -> tuple[float, float, str]:
+    """A = the first step's mean reward, B = the mean of the last two steps' (one step is noisy).
+    The line is CONTRACT's (Additions, turn 3; checked by tests/vllm/test_grpo_vllm.py::check_loop)."""
     first = rows[0]["mean_reward"]
     tail = rows[-2:] if len(rows) >= 2 else rows
     last = sum(r["mean_reward"] for r in tail) / len(tail)
-    return first, last, f"rl-demo: mean reward {first:.2f} -> {last:.2f} over {len(rows)} steps (seed {seed})"
+    return first, last, (f"rl-demo: harness {harness}, trainer {trainer}, builder {builder}, "
+                         f"mean reward {first:.2f} -> {last:.2f} over {len(rows)} steps (seed {seed})")
 
 
 def rise_beyond_noise(rewards: list[float], n: int, floor: float = 0.2) -> dict:
@@ -139,12 +142,14 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(out: Path, rows: list[dict], *, seed: int, **extra) -> dict:
-    first, last, line = summary_line(rows, seed)
+def write_report(out: Path, rows: list[dict], *, seed: int, harness: str = "shell", trainer: str = "polar",
+                 builder: str = "prefix_merging", **extra) -> dict:
+    first, last, line = summary_line(rows, seed, harness=harness, trainer=trainer, builder=builder)
     md = table(rows)
     n = len(rows)
     avg = {k: round(sum(r[k] for r in rows) / n, 3) for k in ("rollout_s", "train_s", "sync_s", "sync_downtime_s", "wall_s")}
-    summary = {"line": line, "first": first, "last": last, "steps": n, "seed": seed, "per_step_mean": avg, **extra}
+    summary = {"line": line, "first": first, "last": last, "steps": n, "seed": seed, "harness": harness,
+               "trainer": trainer, "builder": builder, "per_step_mean": avg, **extra}
     (out / "metrics.md").write_text(md + "\n\n" + json.dumps(summary, indent=2) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(rows, out / "reward.png", line.replace("rl-demo: ", ""))

@@ -1,24 +1,35 @@
 """The GRPO example, end to end: real vLLM, polar_mq's pipeline, a CPU trainer, in-place weight sync.
 
-    python -m examples.grpo.run [--steps 10] [--prompts 4] [--group-size 8] [--seed 0] [--out DIR]
+    python -m examples.grpo.run [--harness codex|claude_code|shell] [--trainer polar|trl]
+        [--builder prefix_merging|per_request] [--steps N] [--seed S] [--out DIR] [--turns K] ...
 
 Each step:
-1. rollout — this step's dataset rows (``task.rows``: new prompts each step) become tasks through
-   ``polar_mq.datasets`` (what ``polar-mq submit --dataset`` does) with ``num_samples`` = group size
-   and ``metadata.policy_version`` = the weights now in vLLM; the shell harness runs the openai-SDK
-   agent (``agent.py``) against the gateway at temperature 1 (the reply: a direction word and the
-   end of turn); prefix_merging builds one trace per session (loss mask on the sampled tokens
-   only); the test_runner grader (``grader.py``) scores it;
-   the finished groups come from ``Client.groups()`` (the groups API, lease + ack);
-2. train — ``trainer.PolicyTrainer``: clipped-ratio policy gradient on the loss-mask-1 tokens
-   with the recorded vLLM logprobs as behaviour policy and GRPO's group-relative advantages;
+1. rollout — this step's dataset rows (``task.rows``: new prompts each step; ``--turns K``: K
+   instructions per row, one model call each) become tasks through ``polar_mq.datasets`` (what
+   ``polar-mq submit --dataset`` does) with ``num_samples`` = group size and
+   ``metadata.policy_version`` = the weights now in vLLM; the harness (``--harness shell``: the
+   openai-SDK agent ``agent.py``) runs against the gateway at temperature 1 (each reply: a direction
+   word and the end of turn); the builder (``--builder``) turns each session into traces
+   (prefix_merging: one per linear session, loss mask on the sampled tokens only; per_request: one
+   per model call); the test_runner grader (``grader.py``) scores it; the finished groups come from
+   ``Client.groups()`` (the groups API, lease + ack);
+2. train — ``trainer.PolicyTrainer`` (``--trainer polar``): clipped-ratio policy gradient on the
+   loss-mask-1 tokens of every trace with the recorded vLLM logprobs as behaviour policy and GRPO's
+   group-relative advantages;
 3. sync — the new weights go into the running vLLM in place (``vllm_policy.sync``): polar_mq
    pause, reload, resume with ``policy_version`` + 1, so the next groups carry it; then the
    groups are acked.
 
 Writes ``metrics.jsonl``, ``metrics.md`` (the table) and ``reward.png`` into ``--out``; the last line
-printed is ``rl-demo: mean reward A -> B over N steps (seed S)`` (A: first step, B: mean of the
-last two steps).
+printed is CONTRACT's (Additions, turn 3)
+``rl-demo: harness H, trainer T, builder B, mean reward A -> B over N steps (seed S)`` (A: first
+step, B: mean of the last two steps).
+
+Harnesses: ``shell`` is the one whose base policy exists here. ``codex`` and ``claude_code`` (the
+real CLIs) need a base policy trained on their own prompts (~9k tokens for Codex with the
+project's tokenizer), which is not built yet: they stop with that reason before any work
+(docs/rl.md, "Through a real harness"). ``--trainer trl``: TRL's GRPOTrainer on the same rollouts
+and weight sync (``trl_loop.py``).
 """
 
 from __future__ import annotations
@@ -45,13 +56,25 @@ def log(msg: str) -> None:
     print(f"[rl-demo] {msg}", file=sys.stderr, flush=True)
 
 
-def template(timeout: int = 180) -> dict:
+HARNESSES = ("codex", "claude_code", "shell")
+TRAINERS = ("polar", "trl")
+BUILDERS = ("prefix_merging", "per_request")
+NOT_BUILT = {
+    "codex": "harness codex: no base policy for Codex CLI's own prompt yet (its system prompt and tools are "
+             "~9.2k tokens with the project's tokenizer; the tiny policy is trained on the shell agent's "
+             "prompt only). See docs/rl.md, 'Through a real harness'.",
+    "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
+                   "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
+}
+
+
+def template(timeout: int = 180, builder: str = "prefix_merging") -> dict:
     """The TaskRequest every dataset row is merged into."""
     return {
         "timeout_seconds": timeout,
         "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
         "runtime": {"backend": "local"},
-        "builder": {"strategy": "prefix_merging"},
+        "builder": {"strategy": builder},
         "grader": {"strategy": "examples.grpo.grader:CursorGrader", "config": {"timeout_seconds": 60}},
     }
 
@@ -60,6 +83,7 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
                  t_save: float, wall: float) -> dict:
     sessions = [s for g in groups for s in g.sessions]
     rewards = [t.reward for g in groups for t in g.trajectories if t.reward is not None and t.status != "ERROR"]
+    trained = [s for b in batches for s in b.samples]
     passed = [t for g in groups for t in g.trajectories if t.reward is not None and t.reward >= 1.0]
     stale = [version - g.policy_version for g in groups if g.policy_version is not None]
     return {
@@ -69,6 +93,9 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
         "pass_rate": round(len(passed) / len(sessions), 4) if sessions else 0.0,
         "groups_trained": sum(1 for b in batches if b.samples),
         "tokens_trained": stats.tokens_trained, "samples": stats.samples,
+        # sequences the trainer updated on, and the tokens its forward passes went over (every epoch)
+        "sequences": len(trained), "tokens_processed": stats.tokens_processed,
+        "calls": sum(int((t.stats or {}).get("calls", 0)) for g in groups for t in g.trajectories),
         "staleness_mean": round(sum(stale) / len(stale), 3) if stale else None,
         "staleness_max": max(stale) if stale else None,
         "ratio_mean": round(stats.ratio_mean, 4), "ratio_max": round(stats.ratio_max, 4),
@@ -79,24 +106,87 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
     }
 
 
-def run(args: argparse.Namespace) -> dict:
-    from polar_mq.client import Client
+def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, tmpl: dict, rows_for_step) -> list[dict]:
+    """``--trainer polar``: rollout (groups API), trainer.PolicyTrainer, in-place sync, ack; per-step rows."""
     from polar_mq.datasets import TaskOptions, build_tasks
     from polar_mq.datasets.readers import Row
     from polar_mq.datasets.submit import submit_built
-    from polar_mq.embedded_redis import free_port
     from polar_mq.trainers.samples import samples_from_group
+
+    from examples.grpo.trainer import PolicyTrainer
+
+    version = 0
+    rows_out: list[dict] = []
+    trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
+    stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
+                           policy_version=lambda: version, drop_unusable=False)
+    for step in range(args.steps):
+        t0 = time.time()
+        rows = [Row(i + 1, r) for i, r in enumerate(rows_for_step(step))]
+        built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
+        bad = [b for b in built if b.task is None]
+        if bad:
+            raise SystemExit(f"dataset rows rejected: {[b.error for b in bad]}")
+        outcomes = submit_built(client, built)
+        errors = [o for o in outcomes if o.status == "error"]
+        if errors:
+            raise SystemExit(f"submit failed: {[o.error for o in errors]}")
+        groups = stream.next_batch(args.prompts, timeout=args.step_timeout)
+        if len(groups) < args.prompts:
+            raise SystemExit(f"step {step}: {len(groups)} of {args.prompts} groups after {args.step_timeout}s")
+        t1 = time.time()
+        batches = [samples_from_group(g, advantage="mean_std") for g in groups]
+        samples = [s for b in batches for s in b.samples]
+        used = sum(1 for b in batches if b.samples)
+        stats = trainer.step(samples, lr_scale=used / len(batches) if args.lr_by_groups else 1.0)
+        t2 = time.time()
+        new_dir = out / "weights" / f"v{version + 1}"
+        t_save = trainer.save(new_dir)
+        for name in ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                     "special_tokens_map.json"):
+            src = wdir / name
+            if src.is_dir():
+                shutil.copytree(src, new_dir / name, dirs_exist_ok=True)
+            elif src.exists():
+                shutil.copy2(src, new_dir / name)
+        timing = sync(server, client, new_dir, version + 1, method=args.sync)
+        for g in groups:
+            stream.ack(g, reason="trained")
+        row = step_metrics(step, version, groups, batches, stats, timing, t1 - t0, t2 - t1, t_save,
+                           time.time() - t0)
+        rows_out.append(row)
+        (out / "metrics.jsonl").open("a").write(json.dumps(row) + "\n")
+        log(f"step {step}: v{version} mean reward {row['mean_reward']:.3f} pass {row['pass_rate']:.3f} "
+            f"tokens {row['tokens_trained']} rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
+            f"sync {row['sync_s']:.2f}s (downtime {row['sync_downtime_s']:.2f}s) wall {row['wall_s']:.1f}s")
+        old, wdir, version = wdir, new_dir, version + 1
+        if old.name != "v0":
+            shutil.rmtree(old, ignore_errors=True)
+    return rows_out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from polar_mq.client import Client
+    from polar_mq.embedded_redis import free_port
     from polar_mq.up import launch
 
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
-    from examples.grpo.trainer import PolicyTrainer
 
+    for name in (args.harness, args.trainer):
+        if name in NOT_BUILT:
+            raise SystemExit(NOT_BUILT[name])
+    if args.trainer == "trl" and args.builder == "per_request" and args.turns > 1:
+        raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
+                         "several traces (polar_mq/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    base = build_base(Path(args.base), seed=args.seed, log=log)
+    base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
+    base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
+                      target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
     version = 0
     wdir = out / "weights" / f"v{version}"
     copy_weights(base, wdir)
@@ -123,56 +213,21 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                                seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
-        stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
-                               policy_version=lambda: version, drop_unusable=False)
-        tmpl = template()
+        tmpl = template(builder=args.builder)
+
+        def rows_for_step(step: int) -> list[dict]:
+            return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)
+
         t_run = time.time()
-        for step in range(args.steps):
-            t0 = time.time()
-            rows = [Row(i + 1, r) for i, r in enumerate(task.rows(args.prompts, args.seed, offset=step * args.prompts))]
-            built = build_tasks(rows, tmpl, TaskOptions(samples=args.group_size, policy_version=version))
-            bad = [b for b in built if b.task is None]
-            if bad:
-                raise SystemExit(f"dataset rows rejected: {[b.error for b in bad]}")
-            outcomes = submit_built(client, built)
-            errors = [o for o in outcomes if o.status == "error"]
-            if errors:
-                raise SystemExit(f"submit failed: {[o.error for o in errors]}")
-            groups = stream.next_batch(args.prompts, timeout=args.step_timeout)
-            if len(groups) < args.prompts:
-                raise SystemExit(f"step {step}: {len(groups)} of {args.prompts} groups after {args.step_timeout}s")
-            t1 = time.time()
-            batches = [samples_from_group(g, advantage="mean_std") for g in groups]
-            samples = [s for b in batches for s in b.samples]
-            used = sum(1 for b in batches if b.samples)
-            stats = trainer.step(samples, lr_scale=used / len(batches) if args.lr_by_groups else 1.0)
-            t2 = time.time()
-            new_dir = out / "weights" / f"v{version + 1}"
-            t_save = trainer.save(new_dir)
-            for name in ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                         "special_tokens_map.json"):
-                src = wdir / name
-                if src.is_dir():
-                    shutil.copytree(src, new_dir / name, dirs_exist_ok=True)
-                elif src.exists():
-                    shutil.copy2(src, new_dir / name)
-            timing = sync(server, client, new_dir, version + 1, method=args.sync)
-            for g in groups:
-                stream.ack(g, reason="trained")
-            row = step_metrics(step, version, groups, batches, stats, timing, t1 - t0, t2 - t1, t_save,
-                               time.time() - t0)
-            rows_out.append(row)
-            (out / "metrics.jsonl").open("a").write(json.dumps(row) + "\n")
-            log(f"step {step}: v{version} mean reward {row['mean_reward']:.3f} pass {row['pass_rate']:.3f} "
-                f"tokens {row['tokens_trained']} rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
-                f"sync {row['sync_s']:.2f}s (downtime {row['sync_downtime_s']:.2f}s) wall {row['wall_s']:.1f}s")
-            old, wdir, version = wdir, new_dir, version + 1
-            if old.name != "v0":
-                shutil.rmtree(old, ignore_errors=True)
-        summary = write_report(out, rows_out, seed=args.seed, total_s=time.time() - t_run, vllm_start_s=t_start,
-                               vllm_weight_version=server.weight_version())
+        if args.trainer == "trl":
+            from examples.grpo import trl_loop
+
+            rows_out = trl_loop.train(args, client, server, out, wdir, tmpl, rows_for_step, log)
+        else:
+            rows_out = polar_loop(args, client, server, out, wdir, tmpl, rows_for_step)
+        summary = write_report(out, rows_out, seed=args.seed, harness=args.harness, trainer=args.trainer,
+                               builder=args.builder, turns=args.turns, total_s=time.time() - t_run,
+                               vllm_start_s=t_start, vllm_weight_version=server.weight_version())
         return summary
     finally:
         if stack is not None:
@@ -183,6 +238,15 @@ def run(args: argparse.Namespace) -> dict:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
+    ap.add_argument("--harness", choices=HARNESSES, default="codex",
+                    help="the agent harness every session runs (CONTRACT's default: codex; see the module docstring)")
+    ap.add_argument("--trainer", choices=TRAINERS, default="polar")
+    ap.add_argument("--builder", choices=BUILDERS, default="prefix_merging",
+                    help="how sessions become traces: one per linear session, or one per model call")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="instructions (model calls) per session: > 1 is the multi-turn task the ablation runs")
+    ap.add_argument("--target-p", type=float, default=None,
+                    help="the base policy's p(correct direction) per call (default 0.3 for 1 turn, 0.6 for more)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=4,
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")

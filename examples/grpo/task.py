@@ -47,20 +47,51 @@ def target_after(direction: str) -> tuple[int, int]:
     return START[0] + dx, START[1] + dy
 
 
-def rows(n: int, seed: int, offset: int = 0) -> list[dict[str, Any]]:
+def rows(n: int, seed: int, offset: int = 0, turns: int = 1) -> list[dict[str, Any]]:
     """``n`` dataset rows (``instruction`` + ``metadata.target``), shuffled by ``seed``, in rounds
     of one row per direction (so a step of 4 prompts starting at a multiple of 4 asks for every
     direction once: the batch's advantages then reward reading the instruction, not a favourite
     direction). ``offset`` picks a disjoint slice of the same stream (the demo's step k takes rows
-    ``k*n .. k*n+n-1``), so every step sees new prompts in a reproducible order."""
+    ``k*n .. k*n+n-1``), so every step sees new prompts in a reproducible order.
+
+    ``turns`` > 1: a multi-turn task, ``turns`` consecutive instructions of the same stream per row,
+    one per line of ``instruction`` (the agent sends each as its own user turn: one model call per
+    line, each call's prompt extends the one before, the case prefix_merging merges);
+    ``metadata.target`` is the directions comma-joined, in order. ``turns`` = 1 is the single-turn
+    task, row for row."""
+    if turns < 1:
+        raise ValueError("turns must be >= 1")
     rng = random.Random(seed)
     stream: list[dict[str, Any]] = []
-    while len(stream) < offset + n:
+    while len(stream) < (offset + n) * turns:
         phrases = {d: rng.sample(range(len(PHRASES)), len(PHRASES)) for d in DIRECTIONS}
         for r in range(len(PHRASES)):
             for d in rng.sample(DIRECTIONS, len(DIRECTIONS)):
                 stream.append({"instruction": instruction(d, phrases[d][r]), "metadata": {"target": d}})
-    return stream[offset:offset + n]
+    out = []
+    for i in range(offset, offset + n):
+        part = stream[i * turns:(i + 1) * turns]
+        out.append({"instruction": "\n".join(r["instruction"] for r in part),
+                    "metadata": {"target": ",".join(r["metadata"]["target"] for r in part)}})
+    return out
+
+
+def targets(target: str) -> list[str]:
+    """The directions of a row's ``metadata.target`` (one, or comma-joined for a multi-turn row)."""
+    out = [t.strip() for t in target.split(",") if t.strip()]
+    bad = [t for t in out if t not in STEP]
+    if not out or bad:
+        raise ValueError(f"bad target {target!r}: directions are {', '.join(DIRECTIONS)}")
+    return out
+
+
+def target_path(target: str) -> tuple[int, int]:
+    """Where the cursor ends when every direction of ``target`` is taken in turn."""
+    x, y = START
+    for d in targets(target):
+        dx, dy = STEP[d]
+        x, y = x + dx, y + dy
+    return x, y
 
 
 def first_turn(direction: str, phrase: int) -> list[dict[str, Any]]:

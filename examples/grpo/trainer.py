@@ -33,6 +33,7 @@ class StepStats:
     clip_fraction: float
     behaviour_gap: float  # mean |logp_trainer - logp_vllm| on the masked tokens, before the update
     seconds: float
+    tokens_processed: int = 0  # prompt + response tokens of every forward pass (all epochs): the ablation's cost
 
 
 class PolicyTrainer:
@@ -113,10 +114,12 @@ class PolicyTrainer:
         chunks = [order[i::self.minibatches] for i in range(self.minibatches)] * self.epochs
         total_tokens = sum(s.trained_tokens for s in samples)
         losses, ratios, ratio_max, clipped, gap, n_tok = [], [], 1.0, 0.0, None, 0.0
+        processed = 0
         for chunk in chunks:
             if not chunk:
                 continue
             part = [samples[i] for i in chunk]
+            processed += sum(len(s.input_ids) for s in part)
             lp, mask, old, adv = self._token_logprobs(part)
             ratio = torch.exp(lp - old)
             unclipped = ratio * adv
@@ -146,7 +149,7 @@ class PolicyTrainer:
         return StepStats(samples=len(samples), tokens_trained=total_tokens,
                          loss=sum(losses) / max(1, total_tokens) / self.epochs, ratio_mean=sum(ratios) / max(1.0, n_tok),
                          ratio_max=ratio_max, clip_fraction=clipped / max(1.0, n_tok),
-                         behaviour_gap=gap or 0.0, seconds=time.time() - t0)
+                         behaviour_gap=gap or 0.0, seconds=time.time() - t0, tokens_processed=processed)
 
     def save(self, out: str | Path) -> float:
         """Write the weights (safetensors + config) for vLLM to load; seconds spent."""

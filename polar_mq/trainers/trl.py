@@ -14,9 +14,17 @@ correction); extra keys go to the reward functions, except ``env_mask``, which T
 loss mask of multi-turn completions. ``PolarRollout`` submits one task per distinct prompt with
 ``num_samples`` = num_generations (a GRPO group: the harness runs once per sample against the
 gateway), takes the finished groups from the groups API, and returns, per session in order:
-the first trace's ``prompt_ids``, its ``response_ids`` (sampled tokens and, with prefix_merging,
+the session's trace ``prompt_ids``, its ``response_ids`` (sampled tokens and, with prefix_merging,
 the tool results between turns), ``response_logprobs`` and ``loss_mask`` as ``env_mask``, and the
 grader's reward as ``polar_reward`` (``None`` for an ERROR session: TRL ignores NaN rewards).
+
+TRL takes exactly one completion per prompt slot, so a session must be one trace (prefix_merging
+on a linear session). A session of several traces (per_request, a fork, a compaction, side calls)
+cannot be fed to TRL whole: ``multi_trace="error"`` (the default) raises and names the session
+rather than train on part of it silently; ``multi_trace="main"`` takes the trace labelled
+``metadata.role == "main"`` and counts the others in ``dropped_traces``. Every trace of every
+session is trained on by ``polar_mq.trainers.samples`` (the project's own trainer in
+examples/grpo). Guarded by tests/test_grpo_loop.py::test_trl_rollout_refuses_part_of_a_session.
 
 Weights: TRL trains the model in-process; the engine behind the gateway must get them after each
 step (``sync_callback``: a ``TrainerCallback`` that saves the weights and calls your sync, e.g.
@@ -56,7 +64,12 @@ class PolarRollout:
                  instruction: Callable[[Any], str] = _prompt_text,
                  metadata: Callable[[Any], dict[str, Any]] | None = None,
                  policy_version: Callable[[Any], int | None] | None = None,
-                 timeout: float = 600.0, lease: float = 600.0, eos_token_id: int | None = None):
+                 timeout: float = 600.0, lease: float = 600.0, eos_token_id: int | None = None,
+                 multi_trace: str = "error"):
+        if multi_trace not in ("error", "main"):
+            raise ValueError(f"multi_trace must be 'error' or 'main', not {multi_trace!r}")
+        self.multi_trace = multi_trace
+        self.dropped_traces = 0
         self.client = client
         self.template = template
         self.instruction = instruction
@@ -124,7 +137,7 @@ class PolarRollout:
         traces = traj.get("traces") or []
         usable = traj.get("status") != "ERROR" and traj.get("reward") is not None and traces
         if usable:
-            tr = traces[0]
+            tr = self._the_trace(traj, traces)
             out["prompt_ids"].append(list(tr["prompt_ids"]))
             out["completion_ids"].append(list(tr["response_ids"]))
             out["logprobs"].append([float(x) for x in (tr.get("response_logprobs") or [0.0] * len(tr["response_ids"]))])
@@ -139,6 +152,30 @@ class PolarRollout:
             out["env_mask"].append([0])
             out["polar_reward"].append(None)
         out["polar_session_id"].append(traj.get("session_id"))
+
+    def _the_trace(self, traj: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
+        """The one trace TRL gets for this session (see the module docstring)."""
+        if len(traces) == 1:
+            return traces[0]
+        if self.multi_trace == "main":
+            main = _pick_main(traj, traces)
+            self.dropped_traces += len(traces) - 1
+            return main
+        raise ValueError(
+            f"session {traj.get('session_id')} has {len(traces)} traces; TRL takes one completion per sample, "
+            "so only a one-trace session (builder prefix_merging, a linear session) can be trained whole "
+            "(multi_trace='main' takes the main trace and drops the rest)")
+
+
+def _role(trace: dict[str, Any]) -> Any:
+    return (trace.get("metadata") or {}).get("role")
+
+
+def _pick_main(traj: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any]:
+    main = [t for t in traces if _role(t) == "main"]
+    if len(main) != 1:
+        raise ValueError(f"session {traj.get('session_id')}: {len(traces)} traces, {len(main)} labelled main")
+    return main[0]
 
 
 def polar_reward(completions: list[Any], polar_reward: list[float | None] | None = None, **_: Any) -> list[float | None]:

@@ -1,0 +1,117 @@
+"""``examples.grpo.run --trainer trl``: TRL's ``GRPOTrainer`` instead of the project's trainer, on the
+same rollouts (polar_mq sessions through the groups API) and the same weight sync.
+
+* sampling: ``polar_mq.trainers.trl.PolarRollout`` is the ``rollout_func``: per batch it submits one
+  task per distinct prompt with ``num_samples`` = ``num_generations``, takes the finished groups from
+  the groups API and acks them, and hands TRL each session's trace ids, vLLM's logprobs and the loss
+  mask (``env_mask``); the reward is the grader's (``polar_reward``);
+* weights: after every optimiser step ``sync_callback`` saves the model and puts it into the running
+  vLLM in place (``vllm_policy.sync``: pause, reload, resume with ``policy_version`` = TRL's global
+  step), so the next batch is sampled by the updated weights (tests/vllm/test_grpo_vllm.py::
+  test_trl_steps_reach_vllm checks the served logprobs change);
+* one step = one generation batch (``prompts`` x ``group_size`` completions), one optimiser step.
+
+Returns the per-step rows ``report.write_report`` takes (the same columns as the polar trainer's,
+TRL's own loss/clip figures where it has them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+TOKENIZER_FILES = ("tokenizer", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        s = src / name
+        if s.is_dir():
+            shutil.copytree(s, dst / name, dirs_exist_ok=True)
+        elif s.exists():
+            shutil.copy2(s, dst / name)
+
+
+def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: dict, rows_for_step: Callable[[int], list],
+          log: Callable[[str], None]) -> list[dict]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from trl import GRPOConfig, GRPOTrainer
+
+    from examples.grpo.vllm_policy import sync
+    from polar_mq.trainers.trl import PolarRollout, polar_reward, sync_callback
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    torch.manual_seed(args.seed)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(wdir / "tokenizer") if (wdir / "tokenizer").is_dir() else str(wdir))
+    if tok.pad_token is None:
+        tok.pad_token = "<|endoftext|>"
+    model = AutoModelForCausalLM.from_pretrained(str(wdir), dtype=torch.float32)
+    # the dataset in TRL's order: step k's rows, each repeated by TRL's sampler num_generations times
+    rows = [r for step in range(args.steps) for r in rows_for_step(step)]
+    target = {r["instruction"]: r["metadata"]["target"] for r in rows}
+    state: dict[str, Any] = {"version": 0, "t_step": time.time(), "rows": [], "pending": None}
+
+    rollout = PolarRollout(client, template, metadata=lambda p: {"target": target[p]},
+                           policy_version=lambda trainer: state["version"], timeout=args.step_timeout,
+                           eos_token_id=tok.eos_token_id)
+
+    def sampled(prompts: list, trainer: Any) -> dict:
+        t0 = time.time()
+        result = rollout(prompts, trainer)
+        groups = rollout.last_groups
+        rewards = [r for r in result["polar_reward"] if r is not None]
+        sessions = [s for g in groups for s in g.get("sessions") or []]
+        used = [g for g in groups
+                if len({t.get("reward") for t in g["trajectories"] if t.get("reward") is not None}) > 1]
+        mask = result["env_mask"]
+        state["pending"] = {
+            "step": len(state["rows"]), "policy_version": state["version"], "groups": len(groups),
+            "sessions": len(sessions), "errors": sum(1 for s in sessions if s.get("state") == "ERROR"),
+            "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else 0.0,
+            "pass_rate": round(sum(1 for r in rewards if r >= 1.0) / max(1, len(sessions)), 4),
+            "groups_trained": len(used),
+            "sequences": sum(len(t.get("traces") or []) for g in used for t in g["trajectories"]),
+            "tokens_trained": sum(sum(m) for m in mask),
+            "tokens_processed": sum(len(p) + len(c) for p, c in zip(result["prompt_ids"], result["completion_ids"])),
+            "calls": sum(int((t.get("stats") or {}).get("calls", 0)) for g in groups for t in g["trajectories"]),
+            "staleness_max": max((state["version"] - g["policy_version"] for g in groups
+                                  if isinstance(g.get("policy_version"), int)), default=None),
+            "ratio_max": 1.0, "clip_fraction": 0.0, "rollout_s": round(time.time() - t0, 2),
+        }
+        state["t_train"] = time.time()
+        return result
+
+    def save_and_sync(m: Any, step: int) -> None:
+        t1 = time.time()
+        new_dir = out / "weights" / f"v{step}"
+        m.save_pretrained(new_dir, safe_serialization=True)
+        copy_tokenizer(wdir, new_dir)
+        t_save = time.time() - t1
+        timing = sync(server, client, new_dir, step, method=args.sync)
+        row = dict(state["pending"] or {})
+        row.update({"train_s": round(t1 - state.get("t_train", t1), 2), "save_s": round(t_save, 3),
+                    "sync_s": round(timing.pause_s + timing.load_s + timing.resume_s, 3),
+                    "sync_downtime_s": round(timing.downtime_s, 3), "wall_s": round(time.time() - state["t_step"], 2)})
+        state["rows"].append(row)
+        (out / "metrics.jsonl").open("a").write(__import__("json").dumps(row) + "\n")
+        log(f"step {row.get('step')}: v{row.get('policy_version')} mean reward {row.get('mean_reward', 0):.3f} "
+            f"(trl) rollout {row.get('rollout_s')}s train {row['train_s']}s sync {row['sync_s']}s")
+        state["version"], state["t_step"] = step, time.time()
+
+    group = args.group_size
+    cfg = GRPOConfig(output_dir=str(out / "trl"), num_generations=group, per_device_train_batch_size=args.prompts * group,
+                     gradient_accumulation_steps=1, max_steps=args.steps, learning_rate=args.lr, use_cpu=True,
+                     report_to=[], logging_steps=1, save_strategy="no", max_completion_length=64, bf16=False,
+                     seed=args.seed, dataloader_num_workers=0, beta=0.0, epsilon=args.clip, num_iterations=1,
+                     shuffle_dataset=False, temperature=1.0)
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[polar_reward], args=cfg,
+                          train_dataset=Dataset.from_list([{"prompt": r["instruction"]} for r in rows]),
+                          rollout_func=sampled, callbacks=[sync_callback(save_and_sync)])
+    trainer.train()
+    return state["rows"]
