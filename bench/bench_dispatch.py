@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gateway import export_ref  # noqa: E402
 from polar_mq.client import Client  # noqa: E402
-from polar_mq.embedded_redis import free_port  # noqa: E402
-from polar_mq.up import launch  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port  # noqa: E402
+from polar_mq.cli.up import launch  # noqa: E402
 
 NOOP = {"instruction": "noop", "timeout_seconds": 600,
         "agent": {"harness": "shell", "options": {"command": "true"}},

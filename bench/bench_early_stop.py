@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from polar_mq.client import Client  # noqa: E402
-from polar_mq.embedded_redis import free_port  # noqa: E402
-from polar_mq.up import launch  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port  # noqa: E402
+from polar_mq.cli.up import launch  # noqa: E402
 
 
 def lengths(groups: int, samples: int, lo: float, hi: float, seed: int) -> list[list[float]]:

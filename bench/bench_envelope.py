@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gateway import replay_request  # noqa: E402
-from polar_mq import record_codec  # noqa: E402
+from polar_mq.store import codec as record_codec  # noqa: E402
 from polar_mq.model import CaptureRecord  # noqa: E402
 from polar_mq.proxy_app.adapters import anthropic, openai_chat  # noqa: E402
-from polar_mq.token_ids import TokenIds  # noqa: E402
+from polar_mq._io.token_ids import TokenIds  # noqa: E402
 
 SMALL = {"model": "stand-in", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello polar:notool"}]}
 

@@ -50,9 +50,9 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
-from polar_mq.up import wait_http  # noqa: E402
-from polar_mq.tokens import auth_headers
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.cli.up import wait_http  # noqa: E402
+from polar_mq.auth import auth_headers
 
 SYSTEM_80K = ("You are an agent working in a repository. Follow the instructions carefully, use the "
               "tools provided, and report what you changed. ") * 600  # ~80 KB
@@ -273,7 +273,7 @@ def main() -> int:
         os.chdir(logs)  # `python -m` puts the cwd first on sys.path: children import what PYTHONPATH says
         targets: list[Target] = []
         with console.status("starting model server and gateway(s)…"):
-            procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport),
+            procs.append(spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--port", str(mport),
                                 "--max-model-len", "65536",
                                 *(["--prompt-cache", "64"] if args.upstream_prompt_cache else [])],
                                f"{upstream}/health", logs / "ms.log"))

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gateway import Cpu, builds, pct, spawn, stop_all  # noqa: E402
 
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
-from polar_mq.tokens import auth_headers  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.auth import auth_headers  # noqa: E402
 
 SEP = b"\r\n\r\n"
 CONTENT = re.compile(rb'"(?:content|text)":\s*"[^"]')
@@ -145,7 +145,7 @@ def main() -> int:
         # The stand-in's werkzeug server listens with a backlog of 128: past that, connections
         # wait for SYN retries (1 s, 3 s, ...). vLLM (uvicorn) listens with 2048; so does this.
         launch = ("import sys, werkzeug.serving as s; s.BaseWSGIServer.request_queue_size = 2048; "
-                  "from polar_mq.model_server.__main__ import main; sys.exit(main(sys.argv[1:]))")
+                  "from polar_mq.dev.model_server.__main__ import main; sys.exit(main(sys.argv[1:]))")
         procs.append(spawn([sys.executable, "-c", launch, "--port", str(mport),
                             "--token-latency-ms", str(args.token_latency_ms)], f"{upstream}/health",
                            logs / "ms.log"))

@@ -35,13 +35,13 @@ import requests  # noqa: E402
 
 from polar_mq import states  # noqa: E402
 from polar_mq.client import Client  # noqa: E402
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
 from polar_mq.model import Trajectory  # noqa: E402
-from polar_mq.tasks.pipeline_store import PipelineStore  # noqa: E402
-from polar_mq.store import connect  # noqa: E402
-from polar_mq.tasks.taskspec import parse_task  # noqa: E402
-from polar_mq.tokens import auth_headers  # noqa: E402
-from polar_mq.up import wait_http  # noqa: E402
+from polar_mq.store.pipeline import PipelineStore  # noqa: E402
+from polar_mq.store.core import connect  # noqa: E402
+from polar_mq.taskspec import parse_task  # noqa: E402
+from polar_mq.auth import auth_headers  # noqa: E402
+from polar_mq.cli.up import wait_http  # noqa: E402
 
 REPLAY = ROOT / "tests" / "replays" / "claude_code" / "anthropic.json"
 PATH = [states.INITIALIZING, states.READY, states.RUNNING, states.POST_RUN, states.BUILDING, states.EVALUATING]
@@ -168,7 +168,7 @@ def main() -> int:
     try:
         ms_port, gw_port, api_port = free_port(), free_port(), free_port()
         py = sys.executable
-        procs.append(spawn([py, "-m", "polar_mq.model_server", "--port", str(ms_port), "--max-model-len", "65536"],
+        procs.append(spawn([py, "-m", "polar_mq.dev.model_server", "--port", str(ms_port), "--max-model-len", "65536"],
                            f"http://127.0.0.1:{ms_port}/health", tmp / "ms.log"))
         procs.append(spawn([py, "-m", "polar_mq.cli", "gateway", "--port", str(gw_port), "--redis", redis_server.url,
                             "--upstream", f"http://127.0.0.1:{ms_port}", "--workers", "1"],

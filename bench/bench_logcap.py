@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar_mq.logcap import RotatingLog, pump, total_bytes  # noqa: E402
+from polar_mq.runtimes.logcap import RotatingLog, pump, total_bytes  # noqa: E402
 from polar_mq.settings import LogSettings  # noqa: E402
 
 

@@ -22,7 +22,7 @@ import msgpack
 
 from polar_mq.merge import build
 from polar_mq.merge.synthetic import SessionSim
-from polar_mq.model_server.tokenizer import load_tokenizer
+from polar_mq.dev.model_server.tokenizer import load_tokenizer
 
 BUILDERS = ("per_request", "prefix_merging")
 

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from polar_mq.client import Client  # noqa: E402
-from polar_mq.embedded_redis import free_port  # noqa: E402
-from polar_mq.up import launch  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port  # noqa: E402
+from polar_mq.cli.up import launch  # noqa: E402
 
 
 def run_task(client: Client, body: dict, timeout: float) -> tuple[float, dict]:

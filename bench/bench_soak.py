@@ -1,6 +1,6 @@
 """The N-session run measured end to end, per Celery pool side by side (issue 36).
 
-For each pool in --pools, a fresh stack on this host (`polar_mq.up.launch`: embedded Redis, the
+For each pool in --pools, a fresh stack on this host (`polar_mq.cli.up.launch`: embedded Redis, the
 stand-in model server, gateway, API, the three stage pools), then N sessions of a cheap agent in
 one task. The agent (bash + curl, the `shell` harness) sends the recorded requests of a real CLI
 (default tests/replays/pi/openai_chat.json: two streamed ~6 KB chat calls with tools and a tool
@@ -32,12 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar_mq import slots, states  # noqa: E402
+from polar_mq import states
+from polar_mq.cli import slots  # noqa: E402
 from polar_mq.client import Client  # noqa: E402
-from polar_mq.embedded_redis import free_port  # noqa: E402
-from polar_mq.store import connect  # noqa: E402
-from polar_mq.tasks.pipeline_store import PipelineStore  # noqa: E402
-from polar_mq.up import launch, wait_http  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port  # noqa: E402
+from polar_mq.store.core import connect  # noqa: E402
+from polar_mq.store.pipeline import PipelineStore  # noqa: E402
+from polar_mq.cli.up import launch, wait_http  # noqa: E402
 
 REPLAY = ROOT / "tests" / "replays" / "pi" / "openai_chat.json"
 
@@ -122,7 +123,7 @@ def soak(pool: str, n: int, run_slots: int | None, hold: float, tmp: Path, timeo
     os.environ["POLAR_RESULTS_DIR"] = str(work / "results")
     # The stand-in with a context that fits the recorded prompts (~20k tokens; its default is 8k).
     ms_port = free_port()
-    model_server = subprocess.Popen([sys.executable, "-m", "polar_mq.model_server", "--port", str(ms_port),
+    model_server = subprocess.Popen([sys.executable, "-m", "polar_mq.dev.model_server", "--port", str(ms_port),
                                      "--max-model-len", "65536"], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True)
     upstream = f"http://127.0.0.1:{ms_port}"

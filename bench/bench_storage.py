@@ -43,10 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from polar_mq.model import CaptureRecord  # noqa: E402
-from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 from polar_mq.proxy_app.adapters import anthropic  # noqa: E402
 from polar_mq.proxy_app.capture import new_record  # noqa: E402
-from polar_mq.store import GatewayStore  # noqa: E402
+from polar_mq.store.core import GatewayStore  # noqa: E402
 
 REPLAY = ROOT / "tests" / "replays" / "claude_code" / "anthropic.json"
 GIB = 1024 ** 3

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gateway import Cpu, SdkSession, spawn, stop_all  # noqa: E402
 
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
-from polar_mq.tokens import auth_headers  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.auth import auth_headers  # noqa: E402
 
 MODES = {"reader to the end": "0", "handover": "1"}
 LONG = "Talk polar:long polar:notool"
@@ -62,7 +62,7 @@ def main() -> int:
             for name, extra in (("fast", []), ("paced", ["--token-latency-ms", str(args.token_ms)])):
                 port = free_port()
                 ups[name] = f"http://127.0.0.1:{port}"
-                procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(port), *extra],
+                procs.append(spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--port", str(port), *extra],
                                    f"{ups[name]}/health", logs / f"ms-{name}.log"))
             for name, url in ups.items():
                 for mode, flag in MODES.items():

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gateway import pct, spawn, stop_all  # noqa: E402
 
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
-from polar_mq.tokens import auth_headers
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.auth import auth_headers
 
 PROVIDERS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 
@@ -170,7 +170,7 @@ def main() -> int:
         upstream = args.upstream
         if not upstream:
             port = free_port()
-            procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(port),
+            procs.append(spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--port", str(port),
                                 "--max-model-len", "65536", "--token-latency-ms", str(args.token_latency_ms)],
                                f"http://127.0.0.1:{port}/health", logs / "model-server.log"))
             upstream = f"http://127.0.0.1:{port}"

@@ -2,7 +2,7 @@
 
 Starts an embedded Redis, the stand-in model server serving the Qwen3-style template (its
 generation prompt opens with an empty think block that history never renders:
-polar_mq/model_server/templates.py) and two gateways (gunicorn, 1 worker each): `--tito on` with
+polar_mq/dev/model_server/templates.py) and two gateways (gunicorn, 1 worker each): `--tito on` with
 that tokenizer, and `--tito off`. Then, side by side in one run:
 
 1. latency of a continued call (the call that answers a tool result) on the real CLI captures in
@@ -33,11 +33,12 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar_mq.embedded_redis import free_port, start_embedded  # noqa: E402
-from polar_mq.model_server.templates import QWEN3_STYLE, write_tokenizer_dir  # noqa: E402
-from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
-from polar_mq.tokens import auth_headers  # noqa: E402
-from polar_mq.up import wait_http  # noqa: E402
+from polar_mq.cli.embedded_redis import free_port, start_embedded  # noqa: E402
+from polar_mq.dev.model_server.templates import QWEN3_STYLE
+from polar_mq.dev.model_server.templates import write_tokenizer_dir  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.auth import auth_headers  # noqa: E402
+from polar_mq.cli.up import wait_http  # noqa: E402
 
 REPLAYS = ROOT / "tests" / "replays"
 KEY = "REPLAY_KEY"
@@ -120,7 +121,7 @@ def main() -> int:
         upstream = f"http://127.0.0.1:{mport}"
         gateways: dict[str, str] = {}
         with console.status("starting the stand-in (Qwen3-style template) and two gateways…"):
-            procs.append(spawn([sys.executable, "-m", "polar_mq.model_server", "--port", str(mport),
+            procs.append(spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--port", str(mport),
                                 "--max-model-len", "65536", "--chat-template", "qwen3"],
                                f"{upstream}/health", logs / "ms.log"))
             for mode in ("off", "on"):

@@ -28,11 +28,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from polar_mq.embedded_redis import start_embedded  # noqa: E402
+from polar_mq.cli.embedded_redis import start_embedded  # noqa: E402
 from polar_mq.model import CaptureRecord  # noqa: E402
 from polar_mq.proxy_app.tito.index import SessionIndex  # noqa: E402
 from polar_mq.proxy_app.tito.matching import find_parent  # noqa: E402
-from polar_mq.store import GatewayStore  # noqa: E402
+from polar_mq.store.core import GatewayStore  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import requests
 
-from . import model
+from polar_mq import model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .group_stream import GroupStream
+    from polar_mq.rl.group_stream import GroupStream
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 TERMINAL_STATES = frozenset(model.TERMINAL_STATES)
@@ -63,7 +63,7 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
                  session: requests.Session | None = None):
         self.url = (url or default_url()).rstrip("/")
-        from .tokens import client_token
+        from polar_mq.auth import client_token
 
         self.token = client_token(token)
         self.timeout = timeout
@@ -188,11 +188,11 @@ class Client:
         return self._request("GET", "/v1/groups/stats")
 
     def groups(self, **options: Any) -> "GroupStream":
-        """A streaming iterator of finished groups (`polar_mq.group_stream.GroupStream`): batch,
+        """A streaming iterator of finished groups (`polar_mq.rl.group_stream.GroupStream`): batch,
         wait, lease, max_staleness, stale="drop"|"keep", policy_version, drop_unusable,
         drop_uniform_reward, advantages="mean_std"|"leave_one_out", auto_ack, max_groups,
         idle_timeout."""
-        from .group_stream import GroupStream
+        from polar_mq.rl.group_stream import GroupStream
 
         return GroupStream(self, **options)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
-from .token_ids import plain
+from polar_mq._io.token_ids import plain
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum

@@ -31,7 +31,7 @@ def polar_home() -> Path:
 class TokenSettings:
     """Where the service tokens come from: POLAR_API_TOKEN, POLAR_GATEWAY_TOKEN, the token file.
 
-    Resolution (polar_mq.tokens): a service's own variable, else the other one, else the file
+    Resolution (polar_mq.auth): a service's own variable, else the other one, else the file
     ($POLAR_HOME/token, mode 0600, generated on the first start of a service)."""
 
     api_token: str | None = None
@@ -48,7 +48,7 @@ class TokenSettings:
 
 @dataclass(frozen=True)
 class LogSettings:
-    """Size cap of the log files polar_mq writes (polar_mq/logcap.py): harness and prepare logs
+    """Size cap of the log files polar_mq writes (polar_mq/runtimes/logcap.py): harness and prepare logs
     of every runtime and the process logs of `polar-mq up`. A log past `max_bytes` is rotated to
     `<name>.1` …; `backups` old files are kept, so one log takes at most (backups + 1) × max_bytes.
     POLAR_LOG_MAX_BYTES (default 64 MiB; 0: no cap), POLAR_LOG_BACKUPS (default 2)."""
@@ -210,7 +210,7 @@ class PipelineSettings:
         s.redis_url = env.get("POLAR_REDIS_URL") or s.redis_url
         s.gateway_url = env.get("POLAR_GATEWAY_URL") or s.gateway_url
         s.gateway_redis_url = env.get("POLAR_GATEWAY_REDIS_URL") or None
-        from .tokens import server_token  # the env variables, else the token file
+        from polar_mq.auth import server_token  # the env variables, else the token file
 
         s.gateway_token = server_token("gateway", create=False)
         s.api_token = server_token("api", create=False)

@@ -7,7 +7,7 @@ backwards or finish it twice.
 
 from __future__ import annotations
 
-from .model import TERMINAL_STATES, SessionState
+from polar_mq.model import TERMINAL_STATES, SessionState
 
 # The states by the names the stages use (members of model.SessionState, which lists them).
 REGISTERED = SessionState.REGISTERED

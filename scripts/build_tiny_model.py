@@ -7,7 +7,7 @@ Runs under the vLLM venv's python (torch + transformers), with the repository on
 
 Writes ``DIR/random`` (random init) and ``DIR/overfit`` (the same init overfit with AdamW on a few
 fixed chats, loss on the assistant reply only). Both use the stand-in's tokenizer files
-(``polar_mq.model_server.tokenizer.load_tokenizer().path``), so the stand-in and vLLM produce directly
+(``polar_mq.dev.model_server.tokenizer.load_tokenizer().path``), so the stand-in and vLLM produce directly
 comparable token ids. Each directory carries a stamp (hash of this script's training data, config and
 the tokenizer files); an up-to-date directory is kept as is unless ``--force``.
 
@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from polar_mq.model_server.tokenizer import _prepare_message, load_tokenizer  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import _prepare_message
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
 # ---- what the overfit model must say ---------------------------------------------------------
 

@@ -8,7 +8,7 @@ further on multi-turn tool sessions, with the stand-in's tokenizer and a templat
 non-thinking mode: the generation prompt is ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``
 but an assistant turn in history renders without it (and without its reasoning). So on the
 messages path call n+1's prompt is never call n's prompt + sampled ids — the asymmetry token-in
-continuation removes. The template is ``polar_mq.model_server.templates.QWEN3_STYLE``. The model is tuned on both renderings of each history (the template's, and
+continuation removes. The template is ``polar_mq.dev.model_server.templates.QWEN3_STYLE``. The model is tuned on both renderings of each history (the template's, and
 the token-in one: sampled ids kept verbatim), so greedy decoding answers a four-call session
 (ask → write tool call, result → FINAL_TEXT, ask → tool call, result → FINAL_TEXT) either way.
 
@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import build_tiny_model as base  # noqa: E402
-from polar_mq.model_server.templates import QWEN3_STYLE as QWEN3_TEMPLATE  # noqa: E402
-from polar_mq.model_server.templates import write_tokenizer_dir  # noqa: E402
-from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.dev.model_server.templates import QWEN3_STYLE as QWEN3_TEMPLATE  # noqa: E402
+from polar_mq.dev.model_server.templates import write_tokenizer_dir  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
 WRITE_TOOL = {"type": "function", "function": {
     "name": "write", "description": "Write content to a file.",
@@ -52,7 +52,8 @@ class Qwen3Tokenizer:
     """The stand-in tokenizer with the Qwen3-style template (render + encode)."""
 
     def __init__(self, tok):
-        from polar_mq.model_server.tokenizer import _compile_template, _prepare_message
+        from polar_mq.dev.model_server.tokenizer import _compile_template
+        from polar_mq.dev.model_server.tokenizer import _prepare_message
 
         self.tok = tok
         self.eos_token_id = tok.eos_token_id

@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from polar_mq import harnesses  # noqa: E402
 from polar_mq.harnesses import install  # noqa: E402
-from polar_mq.up import wait_http  # noqa: E402
-from polar_mq.tokens import auth_headers
+from polar_mq.cli.up import wait_http  # noqa: E402
+from polar_mq.auth import auth_headers
 
 REPLAY_KEY = "REPLAY_KEY"
 MODEL = "stand-in"
@@ -212,7 +212,7 @@ def start_stack(logdir: Path) -> Tuple[str, List[subprocess.Popen]]:
     procs = []
     ms_port, gw_port = free_port(), free_port()
     ms_log, gw_log = logdir / "model-server.log", logdir / "gateway.log"
-    ms = subprocess.Popen([sys.executable, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
+    ms = subprocess.Popen([sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1",
                            "--port", str(ms_port), "--max-model-len", "131072"],
                           stdout=open(ms_log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT,
                           start_new_session=True)

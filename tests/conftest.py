@@ -1,7 +1,7 @@
 """Session fixtures: a real redis-server, the stand-in model server and the gateway, each a real
 process on a free port. Tests talk to them over HTTP with the official SDKs.
 
-Tokens: every service requires one (polar_mq.tokens). The test run has ONE token, `TOKEN`, set
+Tokens: every service requires one (polar_mq.auth). The test run has ONE token, `TOKEN`, set
 here as POLAR_API_TOKEN / POLAR_GATEWAY_TOKEN for this process and every process the fixtures
 start (and POLAR_HOME points at a private directory, so nothing writes ~/.config). Tests send it
 as `AUTH` (also `gateway.admin_headers`); polar_mq.client.Client picks it up by itself."""
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import requests
 
-from polar_mq.embedded_redis import free_port, start_embedded
-from polar_mq.up import wait_http  # noqa: F401  (tests import it from here)
+from polar_mq.cli.embedded_redis import free_port, start_embedded
+from polar_mq.cli.up import wait_http  # noqa: F401  (tests import it from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +110,7 @@ def redis_url(redis_server) -> str:
 
 def start_model_server(log_dir: Path, *extra: str, name: str = "model-server") -> Server:
     port = free_port()
-    return spawn([sys.executable, "-m", "polar_mq.model_server", "--host", "127.0.0.1",
+    return spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1",
                   "--port", str(port), *extra],
                  f"http://127.0.0.1:{port}/health", log_dir, f"{name}-{port}")
 

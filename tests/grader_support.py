@@ -10,7 +10,7 @@ from typing import Any
 
 from polar_mq.graders.base import GradeContext
 from polar_mq.runtimes import get_runtime
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 CALC = '''def add(a, b):
     return a + b

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from polar_mq.proxy_app.upstream import Upstream
-from polar_mq.proxy_app.vllm_wire import parse_chat_response
+from polar_mq.proxy_app.upstream.pool import Upstream
+from polar_mq.proxy_app.upstream.vllm_wire import parse_chat_response
 
 ROOT = "mock://vllm"
 

@@ -26,13 +26,13 @@ from typing import Any
 
 import redis
 
-from polar_mq.tasks.pipeline_store import PipelineStore
+from polar_mq.store.pipeline import PipelineStore
 from polar_mq.settings import PipelineSettings
-from polar_mq.store import connect
-from polar_mq.tasks.taskspec import parse_task
-from polar_mq.tasks.celery_app import make_celery
-from polar_mq.tasks.routing import INIT_TASK
-from polar_mq.up import wait_http
+from polar_mq.store.core import connect
+from polar_mq.taskspec import parse_task
+from polar_mq.tasks.app.celery import make_celery
+from polar_mq.tasks.app.routing import INIT_TASK
+from polar_mq.cli.up import wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_IP = "10.77.0.1"
@@ -141,7 +141,7 @@ class Cluster:
         self.start_redis()
         py = sys.executable
         self.hub_procs["model"] = self.spawn(self.hub, [
-            py, "-m", "polar_mq.model_server", "--host", "127.0.0.1", "--port", str(self.model_port),
+            py, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1", "--port", str(self.model_port),
             "--max-model-len", "65536"], "hub-model")
         self.hub_procs["gateway"] = self.spawn(self.hub, [
             py, "-m", "polar_mq.cli", "gateway", "--host", "0.0.0.0", "--port", str(self.gateway_port),

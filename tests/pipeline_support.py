@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from polar_mq import states
-from polar_mq.tasks.pipeline_store import PipelineStore
-from polar_mq.store import connect
-from polar_mq.tasks.taskspec import parse_task
-from polar_mq.tasks.celery_app import make_celery
-from polar_mq.tasks.routing import INIT_TASK
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.store.core import connect
+from polar_mq.taskspec import parse_task
+from polar_mq.tasks.app.celery import make_celery
+from polar_mq.tasks.app.routing import INIT_TASK
 from polar_mq.settings import PipelineSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ class Pipeline:
 
 def make_pipeline(gateway, base: Path, *, redis_server=None, **env: str) -> Pipeline:
     """A pipeline with its own Redis (so its queues are its own) talking to the shared gateway."""
-    from polar_mq.embedded_redis import start_embedded
+    from polar_mq.cli.embedded_redis import start_embedded
 
     server = redis_server or start_embedded()
     settings = {"POLAR_REDIS_URL": server.url, "POLAR_GATEWAY_URL": gateway.url,

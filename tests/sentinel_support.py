@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 MASTER = "polar"
 

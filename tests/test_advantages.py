@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from polar_mq.advantages import group_advantages, unusable_reason
+from polar_mq.rl.advantages import group_advantages, unusable_reason
 
 
 def test_mean_std_matches_grpo_with_bessel_std():

@@ -14,11 +14,11 @@ import redis
 import requests
 
 from polar_mq import states
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 from polar_mq.model import Trace, Trajectory
-from polar_mq.tasks.pipeline_store import PipelineStore
-from polar_mq.store import Keys, connect
-from polar_mq.tasks.routing import INIT_TASK
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.store.core import Keys, connect
+from polar_mq.tasks.app.routing import INIT_TASK
 
 from conftest import AUTH, spawn, stop
 
@@ -158,7 +158,7 @@ def test_yaml_submit_generates_task_id(api, r):
 
 def test_resubmit_requeues_when_enqueue_never_finished(api, r, store):
     """A task stored but never enqueued (API crashed, broker down) is enqueued by the resubmit."""
-    from polar_mq.tasks.taskspec import parse_task
+    from polar_mq.taskspec import parse_task
 
     body = shell_task(task_id="half-done", num_samples=2)
     sids, created = store.create_task(parse_task(body))
@@ -260,7 +260,7 @@ def test_cancel_errors_registered_sessions_and_flags_running_ones(api, store):
 
 # --- admin pause / resume -----------------------------------------------------------------------
 def test_pause_waits_for_in_flight_then_resume(api, r):
-    from polar_mq.pause_state import PauseState
+    from polar_mq.store.pause import PauseState
 
     keys = Keys()
     gate = PauseState(r, keys)  # what a live gateway process does: heartbeat, admit, finish

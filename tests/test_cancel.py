@@ -263,7 +263,7 @@ def test_an_abort_sent_before_the_upstream_admits_the_call_is_sent_again(gw):
 def test_an_upstream_that_stops_serving_abort_by_id_gets_streamed_plain_calls_again(log_dir):
     """An upstream restarted without dev mode answers the abort 404: the pool marks it, and the
     next plain calls are streamed from it again (closing the connection still aborts them)."""
-    from polar_mq.proxy_app.upstream import UpstreamPool
+    from polar_mq.proxy_app.upstream.pool import UpstreamPool
 
     up = start_model_server(log_dir, "--no-dev-mode", name="ms-nodev-restart")
     pool = UpstreamPool([up.url])

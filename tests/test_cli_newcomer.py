@@ -22,7 +22,7 @@ import requests
 
 from conftest import ROOT, stop
 from polar_mq.harnesses.limits import resolve
-from polar_mq.model_server import DEFAULT_MAX_MODEL_LEN
+from polar_mq.dev.model_server import DEFAULT_MAX_MODEL_LEN
 
 POLAR_MQ = [sys.executable, "-m", "polar_mq.cli"]
 HARNESSES = ["claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi"]
@@ -64,7 +64,7 @@ def test_stand_in_window_fits_every_cli(harness):
     """Each recorded model request of the CLI, counted with the stand-in's own tokenizer as the
     JSON body it sent (more tokens than the rendered prompt: the JSON syntax counts too), plus the
     output cap the shortcut asks for, fits the default window."""
-    from polar_mq.model_server.tokenizer import load_tokenizer
+    from polar_mq.dev.model_server.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     biggest = 0
@@ -98,7 +98,7 @@ def test_up_refuses_a_taken_port_before_starting_anything(tmp_path):
 
 
 def test_taken_port_holder_from_proc():
-    from polar_mq import preflight
+    from polar_mq.cli import preflight
 
     held, port = _listening_socket()
     with held:
@@ -108,7 +108,7 @@ def test_taken_port_holder_from_proc():
 
 
 def test_demo_harness_choices_are_the_pinned_clis():
-    from polar_mq.cli import DEMO_HARNESSES
+    from polar_mq.cli.commands import DEMO_HARNESSES
     from polar_mq.harnesses.install import HARNESS_NAMES
 
     assert sorted(DEMO_HARNESSES) == sorted(HARNESS_NAMES) == sorted(HARNESSES)

@@ -14,10 +14,10 @@ import redis
 
 from polar_mq import states
 from polar_mq.client import ApiError, Client
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 from polar_mq.model import Trace, Trajectory
-from polar_mq.tasks.pipeline_store import PipelineStore
-from polar_mq.store import Keys, connect
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.store.core import Keys, connect
 
 from conftest import ROOT, spawn, stop
 
@@ -160,7 +160,7 @@ def test_client_cancel_pause_resume(client, store):
     body = client.cancel("client-cancel")
     assert body["cancelled"] and {s["state"] for s in body["sessions"]} == {"ERROR"}
     assert client.wait("client-cancel", timeout=5)["state"] == "done"
-    from polar_mq.pause_state import PauseState
+    from polar_mq.store.pause import PauseState
 
     keys = Keys()
     gate = PauseState(store.r, keys)  # a live gateway process with one generation in flight

@@ -17,7 +17,10 @@ from conftest import ROOT, stop
 from grader_support import FAIL_TO_PASS, PASS_TO_PASS, make_repo
 from pipeline_support import make_pipeline
 from polar_mq.client import Client
-from polar_mq.datasets import TaskOptions, build_tasks, image_name, load_rows
+from polar_mq.rl.datasets import TaskOptions
+from polar_mq.rl.datasets import build_tasks
+from polar_mq.rl.datasets import image_name
+from polar_mq.rl.datasets import load_rows
 from polar_mq.graders.swebench import swebench_available
 from test_api import start_api
 

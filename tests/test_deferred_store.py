@@ -22,12 +22,12 @@ import redis
 from mock_pool import MockPool, vllm_answer
 from polar_mq.model import CaptureRecord
 from polar_mq.proxy_app.adapters.base import GatewayError
-from polar_mq.proxy_app.app import create_app
+from polar_mq.proxy_app.web.app import create_app
 from polar_mq.proxy_app.capture import Recorder
-from polar_mq.proxy_app.fastpath import FastPath, ThenStore
-from polar_mq.redis_wire import RedisWire
+from polar_mq.proxy_app.web.fastpath import FastPath, ThenStore
+from polar_mq.store.wire import RedisWire
 from polar_mq.settings import GatewaySettings
-from polar_mq.store import GatewayStore
+from polar_mq.store.core import GatewayStore
 
 BODY = b'{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}'
 

@@ -23,7 +23,7 @@ import requests
 
 from conftest import ROOT
 from polar_mq.harnesses import install
-from polar_mq.model_server import DEFAULT_MAX_MODEL_LEN
+from polar_mq.dev.model_server import DEFAULT_MAX_MODEL_LEN
 
 HARNESSES = ["claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi"]
 DEFAULT = {"claude_code"}

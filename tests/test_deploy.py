@@ -16,7 +16,7 @@ import requests
 from conftest import ROOT, TOKEN, spawn, stop, wait_http
 from pipeline_support import TINY_AGENT, make_pipeline
 from polar_mq.client import Client
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 
 def compose_binary() -> str:
@@ -55,7 +55,7 @@ def test_flower_lists_the_stage_pools(gateway, tmp_path):
         for stage in ("init", "run", "postrun"):
             p.start_worker(stage, 1)
         port = free_port()
-        flower = spawn([sys.executable, "-m", "celery", "-A", "polar_mq.tasks.worker:app", "flower",
+        flower = spawn([sys.executable, "-m", "celery", "-A", "polar_mq.tasks.worker.main:app", "flower",
                         f"--port={port}", "--address=127.0.0.1"], f"http://127.0.0.1:{port}/healthcheck",
                        tmp_path, "flower", env={**p.env, "FLOWER_BASIC_AUTH": f"polar:{TOKEN}"})
         # Flower sits behind the token, as `polar-mq up` starts it (user polar, the token as password).

@@ -21,8 +21,8 @@ import requests
 from conftest import AUTH, TOKEN
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.store import GatewayStore
-from polar_mq.tasks.context import GatewayClient
+from polar_mq.store.core import GatewayStore
+from polar_mq.tasks.app.context import GatewayClient
 
 
 def _chat(answer: dict[str, Any]) -> None:

@@ -12,10 +12,10 @@ from conftest import stop
 from pipeline_support import make_pipeline
 from polar_mq import states
 from polar_mq.client import Client
-from polar_mq.embedded_redis import start_embedded
-from polar_mq.store import connect
-from polar_mq.tasks import priority
-from polar_mq.tasks.pipeline_store import PipelineStore
+from polar_mq.cli.embedded_redis import start_embedded
+from polar_mq.store.core import connect
+from polar_mq.tasks.app import priority
+from polar_mq.store.pipeline import PipelineStore
 from test_api import start_api
 
 LOW_TASKS, LOW_SAMPLES = 3, 20

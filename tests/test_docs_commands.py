@@ -110,12 +110,12 @@ def check_parses(argv: list[str]) -> str | None:
 
 
 def _parse(argv: list[str]) -> str | None:
-    from polar_mq import cli
+    from polar_mq.cli import commands as cli
 
     try:
         through = cli._pass_through(argv)
         if through is not None and through.command == "model-server":
-            from polar_mq.model_server.__main__ import build_parser
+            from polar_mq.dev.model_server.__main__ import build_parser
 
             build_parser().parse_args(through.rest)
         elif through is not None:  # harness: [install|list|path] NAME...|all
@@ -193,8 +193,10 @@ def test_documented_make_targets_exist():
 
 
 def test_first_hour_dataset_builds_tasks():
-    from polar_mq.datasets.build import TaskOptions, build_tasks, load_template
-    from polar_mq.datasets.readers import load_rows
+    from polar_mq.rl.datasets.build import TaskOptions
+    from polar_mq.rl.datasets.build import build_tasks
+    from polar_mq.rl.datasets.build import load_template
+    from polar_mq.rl.datasets.readers import load_rows
 
     built = build_tasks(load_rows(ROOT / "examples/first_hour/rows.jsonl"),
                         load_template(ROOT / "examples/first_hour/task.yaml"), TaskOptions(samples=2))

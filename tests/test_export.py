@@ -10,7 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from polar_mq.export import export, select, sft_rows, token_rows
+from polar_mq.rl.export import export
+from polar_mq.rl.export import select
+from polar_mq.rl.export import sft_rows
+from polar_mq.rl.export import token_rows
 from polar_mq.model import Trace, Trajectory
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar_mq import jsonsafe
+from polar_mq._io import jsonsafe
 from polar_mq.proxy_app import fastjson
 
 

@@ -13,15 +13,15 @@ import time
 import pytest
 
 from polar_mq import states
-from polar_mq.embedded_redis import start_embedded
-from polar_mq.tasks.pipeline_store import PipelineStore
+from polar_mq.cli.embedded_redis import start_embedded
+from polar_mq.store.pipeline import PipelineStore
 from polar_mq.settings import PipelineSettings
-from polar_mq.store import connect
-from polar_mq.tasks.taskspec import parse_task
-from polar_mq.tasks.celery_app import make_celery
-from polar_mq.tasks.routing import RUN_TASK
-from polar_mq.tasks.context import GatewayClient, StageContext
-from polar_mq.tasks.recovery import UNACKED, restore_held_messages
+from polar_mq.store.core import connect
+from polar_mq.taskspec import parse_task
+from polar_mq.tasks.app.celery import make_celery
+from polar_mq.tasks.app.routing import RUN_TASK
+from polar_mq.tasks.app.context import GatewayClient, StageContext
+from polar_mq.tasks.worker.recovery import UNACKED, restore_held_messages
 
 
 @pytest.fixture()

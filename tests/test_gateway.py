@@ -190,7 +190,7 @@ def test_context_length_exceeded_is_provider_400(gateway, session):
 
 
 def test_upstream_unreachable_is_retryable_5xx_and_recorded(log_dir, redis_url):
-    dead = f"http://127.0.0.1:{__import__('polar_mq.embedded_redis').embedded_redis.free_port()}"
+    dead = f"http://127.0.0.1:{__import__('polar_mq.cli.embedded_redis').cli.embedded_redis.free_port()}"
     server = start_gateway(log_dir, redis_url, [dead], "--served-model", "stand-in", name="gw-dead")
     try:
         s = requests.post(f"{server.url}/sessions", headers=AUTH, json={}, timeout=5).json()
@@ -212,7 +212,7 @@ def test_upstream_unreachable_is_retryable_5xx_and_recorded(log_dir, redis_url):
 
 
 def test_failover_and_retry_on_5xx(log_dir, redis_url, model_server):
-    dead = f"http://127.0.0.1:{__import__('polar_mq.embedded_redis').embedded_redis.free_port()}"
+    dead = f"http://127.0.0.1:{__import__('polar_mq.cli.embedded_redis').cli.embedded_redis.free_port()}"
     server = start_gateway(log_dir, redis_url, [dead, model_server], name="gw-failover")
     try:
         for _ in range(4):  # whichever upstream the session hashes to, the call succeeds
@@ -274,7 +274,7 @@ def test_keepalive_pings_during_long_upstream_call(log_dir, redis_url, model_ser
 
 
 def test_redis_down_gives_503_and_spools_the_call(log_dir, model_server, tmp_path):
-    from polar_mq.embedded_redis import start_embedded
+    from polar_mq.cli.embedded_redis import start_embedded
 
     own = start_embedded()
     spool = tmp_path / "spool"

@@ -15,9 +15,9 @@ import pytest
 
 from mock_pool import MockPool, vllm_answer
 from polar_mq.proxy_app.adapters.base import GatewayError
-from polar_mq.proxy_app.app import create_app, redis_client
+from polar_mq.proxy_app.web.app import create_app, redis_client
 from polar_mq.settings import GatewaySettings
-from polar_mq.store import GatewayStore
+from polar_mq.store.core import GatewayStore
 
 PROMPT_IDS, COMPLETION_IDS = [101, 102, 103, 104], [7, 8, 9]
 
@@ -138,7 +138,7 @@ def test_a_stream_closed_before_its_first_frame_still_ends_and_is_recorded(gatew
     import io
     import time
 
-    from polar_mq.proxy_app.fastpath import BODY_IN_MEMORY
+    from polar_mq.proxy_app.web.fastpath import BODY_IN_MEMORY
 
     client, pool, session = gateway_app
     pool.streams = pool.upstreams[0].stream_token_ids = True

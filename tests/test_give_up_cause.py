@@ -12,7 +12,7 @@ import requests
 
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.tasks import causes
+from polar_mq.tasks.app import causes
 
 
 def closed_port() -> int:
@@ -50,8 +50,8 @@ def test_gateway_failure_wording():
 
 
 def test_only_the_last_attempts_cause_is_reported(redis_url):
-    from polar_mq.store import connect
-    from polar_mq.tasks.pipeline_store import PipelineStore
+    from polar_mq.store.core import connect
+    from polar_mq.store.pipeline import PipelineStore
 
     store = PipelineStore(connect(redis_url))
     causes.remember(store, "s-cause", 0, causes.GatewayUnreachable("gateway unreachable at http://gw: timed out"))

@@ -363,7 +363,7 @@ class SeesItsSession(Grader):
 
 def test_grade_context_for_a_session_carries_the_typed_record_and_task(tmp_path):
     from polar_mq.model import RuntimeHandle, SessionRecord
-    from polar_mq.tasks.taskspec import parse_task
+    from polar_mq.taskspec import parse_task
 
     task = parse_task({"task_id": "t-ctx", "instruction": "x", "agent": {"harness": "shell", "model": "m", "options": {"command": "true"}},
                        "runtime": {"backend": "local", "image": "img"}})

@@ -154,7 +154,7 @@ def test_the_cursor_grader_rewards_the_direction_its_task_names(tmp_path, move, 
     from grader_support import Session
     from polar_mq.graders.run import run_grading
     from polar_mq.model import Trajectory
-    from polar_mq.tasks.taskspec import parse_task
+    from polar_mq.taskspec import parse_task
 
     src = tmp_path / "src"
     src.mkdir()
@@ -172,7 +172,7 @@ def test_trl_rollout_refuses_part_of_a_session():
     """PolarRollout hands TRL one trace per sample: a one-trace session goes whole; a session of
     several traces is refused by default (training on its first trace only would drop the rest
     silently), or with multi_trace='main' gives the main trace and counts the dropped ones."""
-    from polar_mq.trainers.trl import PolarRollout
+    from polar_mq.rl.trainers.trl import PolarRollout
 
     def trace(n: int, role: str) -> dict:
         return {"prompt_ids": [1] * n, "response_ids": [2, 3], "response_logprobs": [-0.1, -0.2],

@@ -1,4 +1,4 @@
-"""polar_mq.gunicorn_tuning gives gunicorn's own answers: the Date header, the forwarded-header
+"""polar_mq._io.gunicorn_tuning gives gunicorn's own answers: the Date header, the forwarded-header
 trust check, and a reply's bytes (now in one write where gunicorn made two)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gunicorn.config import Config
 from gunicorn.http import message, wsgi
 from gunicorn.http.parser import RequestParser
 
-from polar_mq import gunicorn_tuning
+from polar_mq._io import gunicorn_tuning
 
 original_write = getattr(wsgi.Response.write, "__wrapped__", wsgi.Response.write)
 original_check = message._ip_in_allow_list

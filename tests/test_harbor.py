@@ -18,7 +18,7 @@ from conftest import stop
 from docker_support import start_engine
 from pipeline_support import ROOT, TINY_AGENT, make_pipeline
 from polar_mq import states
-from polar_mq.datasets import harbor
+from polar_mq.rl.datasets import harbor
 from polar_mq.graders.harbor import parse_reward
 from test_api import start_api
 

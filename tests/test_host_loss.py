@@ -81,7 +81,7 @@ def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
 def test_a_cut_off_holder_is_given_time_to_fence_itself():
     """A lease is taken from a silent node only once its holder, were it alive and cut off, has
     self-fenced and stopped its harness (SELF_FENCE × TTL + the kill since its last renewal)."""
-    from polar_mq.tasks.host_loss import HostWatch, lease_node
+    from polar_mq.tasks.worker.host_loss import HostWatch, lease_node
 
     ttl = 8.0  # self-fence at 4.8 s, harness stopped by 7.3 s after the last renewal
     assert not HostWatch._holder_stopped(int((ttl - 7.0) * 1000), ttl)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from polar_mq.proxy_app import http11
+from polar_mq.proxy_app.upstream import http11
 
 
 class RawServer:
@@ -203,7 +203,7 @@ def _sse_answer(terminator_delay: float | None) -> Callable[[socket.socket, byte
 
 
 def _read_to_done(pool: http11.Http11Pool, root: str) -> list:
-    from polar_mq.proxy_app.upstream import UpstreamStream
+    from polar_mq.proxy_app.upstream.pool import UpstreamStream
 
     stream = UpstreamStream(pool.request("POST", root, "/v1/chat/completions", b"{}"), root)
     stream.start()

@@ -11,7 +11,7 @@ import pytest
 
 PROBE = """
 import os, resource, socket
-from polar_mq.idle_socket import has_data, idle_and_open, peer_closed
+from polar_mq._io.idle_socket import has_data, idle_and_open, peer_closed
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 if soft < 1200:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))

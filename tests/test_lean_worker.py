@@ -15,7 +15,7 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn_h1c import parse_request
 
-from polar_mq.proxy_app import lean_worker
+from polar_mq.proxy_app.web import lean_worker
 
 BODY = b'{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi polar:notool"}]}'
 SDK_HEADERS = [("Host", "127.0.0.1:8600"), ("User-Agent", "OpenAI/Python 1.99.0"),

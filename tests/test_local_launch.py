@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from polar_mq.runtimes.local import LocalRuntime, command_argv
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 PATH = os.environ.get("PATH", "/usr/bin:/bin")
 

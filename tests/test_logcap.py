@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from polar_mq.logcap import RotatingLog, total_bytes
+from polar_mq.runtimes.logcap import RotatingLog, total_bytes
 from polar_mq.runtimes.bwrap import BwrapRuntime
 from polar_mq.runtimes.local import LocalRuntime
 from polar_mq.settings import LogSettings
-from polar_mq.tasks.taskspec import RuntimeSpec
-from polar_mq.up import Supervisor
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.cli.up import Supervisor
 
 CAP = 64 * 1024
 BACKUPS = 2

@@ -90,7 +90,7 @@ def test_sampling_policy_in_records_and_trajectory_and_workdirs_removed(pipeline
 
 
 def test_bad_sampling_policy_names_the_field():
-    from polar_mq.tasks.taskspec import ValidationError, parse_task
+    from polar_mq.taskspec import ValidationError, parse_task
     for policy, field in (({"top_k": 0}, "agent.sampling.top_k"), ({"temp": 1}, "agent.sampling.temp"),
                           ({"stop": [""]}, "agent.sampling.stop"), ({"max_tokens": True}, "agent.sampling.max_tokens")):
         body = agent_task(agent={"harness": "shell", "options": {"command": "true"}, "sampling": policy})

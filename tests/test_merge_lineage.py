@@ -19,9 +19,9 @@ from polar_mq.merge import build, get_builder
 from polar_mq.merge.rewards import assign_rewards
 from polar_mq.merge.synthetic import SessionSim
 from polar_mq.model import CaptureRecord, Trajectory
-from polar_mq.tasks.taskspec import ValidationError, parse_task
+from polar_mq.taskspec import ValidationError, parse_task
 
-tokenizer_mod = pytest.importorskip("polar_mq.model_server.tokenizer")
+tokenizer_mod = pytest.importorskip("polar_mq.dev.model_server.tokenizer")
 TOK = tokenizer_mod.load_tokenizer()
 REPLAYS = Path(__file__).parent / "replays"
 BUILDERS = ("prefix_merging", "per_request")

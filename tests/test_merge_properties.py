@@ -17,7 +17,7 @@ from polar_mq.merge import build
 from polar_mq.merge.synthetic import SessionSim
 from polar_mq.model import CaptureRecord, Trajectory
 
-tokenizer_mod = pytest.importorskip("polar_mq.model_server.tokenizer")
+tokenizer_mod = pytest.importorskip("polar_mq.dev.model_server.tokenizer")
 TOK = tokenizer_mod.load_tokenizer()
 ROLES = {"main", "side", "subagent", "retry", "fork"}
 

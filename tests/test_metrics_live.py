@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import AUTH, start_gateway, stop
 from polar_mq.model import CaptureRecord
-from polar_mq.proxy_app.metrics import FLUSH_INTERVAL, Batched, GatewayMetrics
+from polar_mq.proxy_app.web.metrics import FLUSH_INTERVAL, Batched, GatewayMetrics
 
 
 def _admin(gateway) -> dict[str, str]:

@@ -16,7 +16,7 @@ import requests
 
 openai = pytest.importorskip("openai")
 
-from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
 WRITE_TOOL = {
     "type": "function",
@@ -45,9 +45,9 @@ BASH_TOOL = {
 
 @contextmanager
 def run_server(*extra: str):
-    """Start ``python -m polar_mq.model_server --port 0`` and yield its base URL."""
+    """Start ``python -m polar_mq.dev.model_server --port 0`` and yield its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polar_mq.model_server", "--host", "127.0.0.1", "--port", "0", *extra],
+        [sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1", "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -380,7 +380,8 @@ def test_no_token_ids_flag_and_scripted(tmp_path):
 def test_prompt_cache_answers_the_same_ids_and_stays_bounded():
     """--prompt-cache N (bench/bench_gateway.py --upstream-prompt-cache): a repeated prompt skips
     the tokenizer; every answer is the one an uncached server gives, and at most N prompts stay."""
-    from polar_mq.model_server.app import ServerConfig, create_app
+    from polar_mq.dev.model_server.app import ServerConfig
+    from polar_mq.dev.model_server.app import create_app
 
     cached = create_app(ServerConfig(prompt_cache=2))
     plain = create_app(ServerConfig())
@@ -401,7 +402,8 @@ def test_abort_by_id_cuts_a_plain_generation_short_as_vllm():
     is named after X-Request-Id; aborted, the plain answer holds what was sampled so far, ids and
     logprobs aligned, finish_reason "abort"; unknown ids are ignored; bad bodies get a 400
     (tests/vllm/test_rl_vllm.py compares all of it with real vLLM)."""
-    from polar_mq.model_server.app import ServerConfig, create_app
+    from polar_mq.dev.model_server.app import ServerConfig
+    from polar_mq.dev.model_server.app import create_app
 
     app = create_app(ServerConfig(token_latency_ms=20))
     body = {"model": "stand-in", "max_tokens": 400, "return_token_ids": True, "logprobs": True,

@@ -18,7 +18,7 @@ import requests
 
 from polar_mq.runtimes.bwrap import BwrapRuntime
 from polar_mq.runtimes.netbridge import sandbox_forwards, sandbox_urls
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed"),
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,

@@ -12,9 +12,9 @@ from pathlib import Path
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.api.views import session_summary
-from polar_mq.tasks.pipeline_store import PipelineStore
+from polar_mq.store.pipeline import PipelineStore
 from polar_mq.runtimes import orphans
-from polar_mq.store import connect
+from polar_mq.store.core import connect
 
 
 def alive(pid: int) -> bool:

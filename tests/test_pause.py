@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from conftest import AUTH, spawn, start_gateway, stop
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 from test_api import start_api
 
 

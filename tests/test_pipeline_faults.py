@@ -11,7 +11,7 @@ import redis
 
 from pipeline_support import TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.embedded_redis import free_port, start_embedded
+from polar_mq.cli.embedded_redis import free_port, start_embedded
 
 # The harness: note its start, run the tiny agent (model calls through the gateway), linger, note
 # the end. A killed attempt leaves a start without an end.

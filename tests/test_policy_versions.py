@@ -12,15 +12,15 @@ import pytest
 import requests
 
 from conftest import AUTH, start_gateway, start_model_server, stop
-from polar_mq import record_codec
-from polar_mq.group_stream import staleness
+from polar_mq.store import codec as record_codec
+from polar_mq.rl.group_stream import staleness
 from polar_mq.merge import build
 from polar_mq.merge.synthetic import SessionSim
 from polar_mq.model import CaptureRecord, Group
-from polar_mq.trainers.samples import samples_from_group
+from polar_mq.rl.trainers.samples import samples_from_group
 from test_api import start_api
 
-tokenizer_mod = pytest.importorskip("polar_mq.model_server.tokenizer")
+tokenizer_mod = pytest.importorskip("polar_mq.dev.model_server.tokenizer")
 TOK = tokenizer_mod.load_tokenizer()
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, wait_http
 from pipeline_support import TINY_AGENT
 from polar_mq.client import Client
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 
 @pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""Stage hand-offs built by polar_mq/tasks/publish.py are the messages Celery's `send_task`
+"""Stage hand-offs built by polar_mq/tasks/app/publish.py are the messages Celery's `send_task`
 publishes (same headers, properties and body, on the same Redis list), and real worker pools run
 sessions end to end with them — and with `send_task` where Flower needs task-sent events."""
 
@@ -14,11 +14,11 @@ from kombu import Connection
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.settings import PipelineSettings
-from polar_mq.store import connect
-from polar_mq.tasks.celery_app import make_celery
-from polar_mq.tasks.publish import StageMessages, applies, sender
-from polar_mq.tasks.recovery import decode_held
-from polar_mq.tasks.routing import CALLBACK_TASK, RUN_TASK
+from polar_mq.store.core import connect
+from polar_mq.tasks.app.celery import make_celery
+from polar_mq.tasks.app.publish import StageMessages, applies, sender
+from polar_mq.tasks.worker.recovery import decode_held
+from polar_mq.tasks.app.routing import CALLBACK_TASK, RUN_TASK
 
 
 def _app(redis_url: str, events: bool = False):

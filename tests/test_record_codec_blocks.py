@@ -4,7 +4,7 @@ stored for this one."""
 
 from __future__ import annotations
 
-from polar_mq import record_codec
+from polar_mq.store import codec as record_codec
 from polar_mq.model import CaptureRecord
 
 

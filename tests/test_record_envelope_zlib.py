@@ -10,7 +10,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar_mq import record_codec
+from polar_mq.store import codec as record_codec
 from polar_mq.model import CaptureRecord
 
 

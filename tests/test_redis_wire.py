@@ -10,10 +10,10 @@ import threading
 import pytest
 import redis
 
-from polar_mq.embedded_redis import start_embedded
+from polar_mq.cli.embedded_redis import start_embedded
 from polar_mq.model import CaptureRecord
-from polar_mq.redis_wire import RedisWire
-from polar_mq.store import GatewayStore, Keys
+from polar_mq.store.wire import RedisWire
+from polar_mq.store.core import GatewayStore, Keys
 
 SCRIPT = "redis.call('HINCRBY', KEYS[1], ARGV[1], 1) return {1, redis.call('HGET', KEYS[1], ARGV[1])}"
 
@@ -110,7 +110,7 @@ def test_commands_are_packed_as_redis_py_packs_them(client):
     """The one-buffer packing (pack_commands) gives redis-py's bytes: str, unicode, bytes, ints,
     floats, bytearray and memoryview arguments, a command name with a space; an argument neither
     takes is refused with redis-py's DataError."""
-    from polar_mq.redis_wire import pack_commands
+    from polar_mq.store.wire import pack_commands
 
     conn = client.connection_pool.get_connection()
     try:
@@ -132,7 +132,7 @@ def test_commands_are_packed_as_redis_py_packs_them(client):
 def test_the_watchers_and_heartbeats_commands_answer_as_through_the_client(client):
     """The call watcher's cancellation check (4 times a second) and the pause heartbeat go
     through the wire when the store has one: same answers, same keys written."""
-    from polar_mq.pause_state import PauseState
+    from polar_mq.store.pause import PauseState
 
     # A prefix of its own: gateways other tests left running heartbeat under the default one.
     keys = Keys("pmq-wire-test")

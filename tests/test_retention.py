@@ -18,10 +18,11 @@ import requests
 
 from conftest import AUTH, GatewayHandle, spawn, start_gateway, stop
 from pipeline_support import ROOT, TINY_AGENT, agent_task, make_pipeline
-from polar_mq import retention, states
-from polar_mq.embedded_redis import start_embedded
-from polar_mq.store import Keys
-from polar_mq.up import free_port
+from polar_mq import states
+from polar_mq.store import retention
+from polar_mq.cli.embedded_redis import start_embedded
+from polar_mq.store.core import Keys
+from polar_mq.cli.up import free_port
 
 
 class _Shared:

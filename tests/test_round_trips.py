@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from polar_mq.demo import ROUND_TRIPS
+from polar_mq.cli.demo import ROUND_TRIPS
 
 
 @pytest.mark.parametrize("provider,round_trip", ROUND_TRIPS, ids=[p for p, _ in ROUND_TRIPS])

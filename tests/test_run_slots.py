@@ -1,5 +1,5 @@
 """Run slots that cost kilobytes: hundreds of sessions held by one worker process (the default
-threads pool, polar_mq/slots.py), all COMPLETED, in bounded supervisor memory; harnesses forked
+threads pool, polar_mq/cli/slots.py), all COMPLETED, in bounded supervisor memory; harnesses forked
 from a long-lived thread so "dies with the worker" (PR_SET_PDEATHSIG) means the process."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from pipeline_support import make_pipeline
-from polar_mq import slots, states
+from polar_mq import states
+from polar_mq.cli import slots
 from polar_mq.runtimes import orphans
 from polar_mq.runtimes.local import spawn_args, spawner
 

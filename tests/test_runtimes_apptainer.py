@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from polar_mq.runtimes import get_runtime
 from polar_mq.runtimes.apptainer import ApptainerRuntime, instance_name
 from polar_mq.runtimes.base import ExecResult
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 
 class Recorder:

@@ -14,7 +14,7 @@ import pytest
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.runtimes.bwrap import BwrapRuntime
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 

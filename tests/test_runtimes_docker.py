@@ -14,7 +14,7 @@ from docker_support import start_engine
 from pipeline_support import TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.runtimes.docker import LABEL, DockerRuntime, container_name, sweep
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import redis
 from conftest import start_gateway, stop
 from pipeline_support import TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.redis_url import RedisURLError, celery_broker, client, parse_sentinel, uses_sentinel
-from polar_mq.store import connect
+from polar_mq.store.redis_url import RedisURLError, celery_broker, client, parse_sentinel, uses_sentinel
+from polar_mq.store.core import connect
 from sentinel_support import MASTER, start_sentinel_cluster
 
 SLOW_AGENT = (f'echo "start $$ $(date +%s.%N)" >> ../marks; {sys.executable} {TINY_AGENT}; sleep 4; '
@@ -143,7 +143,7 @@ def test_up_api_and_cli_on_a_sentinel_url(tmp_path):
 
     from pipeline_support import TINY_AGENT as agent
     from test_up_durable import Up
-    from polar_mq.embedded_redis import free_port
+    from polar_mq.cli.embedded_redis import free_port
 
     cluster = start_sentinel_cluster(tmp_path / "s", replicas=1)
     up = Up(tmp_path, tmp_path / "home", free_port(), free_port())

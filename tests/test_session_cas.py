@@ -1,4 +1,4 @@
-"""The one-script session transition (polar_mq/session_cas.py) against a real Redis, no workers.
+"""The one-script session transition (polar_mq/store/session_cas.py) against a real Redis, no workers.
 
 Two stores stand for two worker processes: each remembers the record it last wrote, so these
 check that a remembered record never lets a stale decision through (the other process moved the
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from polar_mq import histograms, states
-from polar_mq.embedded_redis import start_embedded
-from polar_mq.tasks.pipeline_store import PipelineStore
-from polar_mq.store import connect
-from polar_mq.tasks.taskspec import parse_task
+from polar_mq import states
+from polar_mq.store import histograms
+from polar_mq.cli.embedded_redis import start_embedded
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.store.core import connect
+from polar_mq.taskspec import parse_task
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,15 @@ from typing import Any
 import openai
 
 from conftest import TOKEN
-from polar_mq import client, client_cli, states
+from polar_mq import client, states
+from polar_mq.cli import client_commands as client_cli
 from polar_mq.api.openapi import SESSION_STATES
 from polar_mq.model import TERMINAL_STATES, CaptureRecord, RuntimeHandle, SessionRecord, SessionState
-from polar_mq.store import pack, unpack
-from polar_mq.tasks.context import GatewayClient
+from polar_mq.store.core import pack, unpack
+from polar_mq.tasks.app.context import GatewayClient
 
 # Loaded by the stages only: the API must not pay for (or break on) harnesses, runtimes, graders.
-STAGE_ONLY = ("polar_mq.tasks.stages", "polar_mq.tasks.worker", "polar_mq.harnesses", "polar_mq.graders",
+STAGE_ONLY = ("polar_mq.tasks.worker.stages", "polar_mq.tasks.worker.main", "polar_mq.harnesses", "polar_mq.graders",
               "polar_mq.runtimes")
 
 
@@ -37,10 +38,10 @@ def test_rollout_api_does_not_import_stage_code() -> None:
              "for m in pkgutil.iter_modules(api.__path__): importlib.import_module('polar_mq.api.' + m.name)\n"
              "from polar_mq.api.app import create_app\n"
              "from polar_mq.api.context import ApiContext\n"
-             "import polar_mq.tasks.routing, polar_mq.tasks.celery_app, polar_mq.tasks.context\n"
+             "import polar_mq.tasks.app.routing, polar_mq.tasks.app.celery, polar_mq.tasks.app.context\n"
              "print('\\n'.join(sorted(sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert {"polar_mq.api.routes", "polar_mq.tasks.endings", "polar_mq.tasks.routing"} <= set(loaded)
+    assert {"polar_mq.api.routes", "polar_mq.tasks.app.endings", "polar_mq.tasks.app.routing"} <= set(loaded)
     assert [m for m in loaded if m.startswith(STAGE_ONLY)] == []
 
 
@@ -84,7 +85,8 @@ def test_session_record_keeps_its_runtime_typed_through_redis_form() -> None:
 
 
 def test_task_names_and_queues_come_from_routing() -> None:
-    from polar_mq.tasks import routing, worker
+    from polar_mq.tasks.app import routing
+    from polar_mq.tasks.worker import main as worker
 
     assert set(routing.STAGE_QUEUE) <= set(worker.app.tasks)  # every routed name is a defined task
     assert worker.app.conf.task_routes == routing.task_routes()
@@ -92,11 +94,11 @@ def test_task_names_and_queues_come_from_routing() -> None:
 
 
 def test_worker_entry_points_use_the_cli_defaults() -> None:
-    from polar_mq import cli
-    from polar_mq.tasks.routing import QUEUES
+    from polar_mq.cli import commands as cli
+    from polar_mq.tasks.app.routing import QUEUES
 
     assert cli.STAGES == QUEUES
-    from polar_mq import slots
+    from polar_mq.cli import slots
 
     run = cli.worker_defaults("run", {})
     assert run["pool"] == "threads" and run["loglevel"] == "INFO"
@@ -107,7 +109,7 @@ def test_worker_entry_points_use_the_cli_defaults() -> None:
     up = cli.build_parser().parse_args(["up"])  # None: `up` sizes each pool as the worker would
     assert (up.init_concurrency, up.run_concurrency, up.postrun_concurrency) == (None, None, None)
     # workers/<stage>.py is `polar-mq worker --stage <stage>` and nothing else
-    probe = ("import sys; sys.path.insert(0, 'workers'); import workers_common, polar_mq.cli as c\n"
+    probe = ("import sys; sys.path.insert(0, 'workers'); import workers_common, polar_mq.cli.commands as c\n"
              "c.main = lambda argv: print(argv) or 0; workers_common.main = c.main\n"
              "workers_common.run_stage('postrun')")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
@@ -116,7 +118,7 @@ def test_worker_entry_points_use_the_cli_defaults() -> None:
 
 def test_each_harness_is_one_module_named_by_the_task_spec(tmp_path: Any) -> None:
     from polar_mq.harnesses import install, registry
-    from polar_mq.tasks.taskspec import HARNESSES
+    from polar_mq.taskspec import HARNESSES
 
     for name in HARNESSES:
         module = registry.harness_module(name)
@@ -131,7 +133,7 @@ def test_each_harness_is_one_module_named_by_the_task_spec(tmp_path: Any) -> Non
 def test_redis_replies_are_read_as_bytes_and_a_decoding_client_is_refused() -> None:
     import pytest
 
-    from polar_mq import replies
+    from polar_mq.store import replies
 
     assert replies.text(b"sid") == "sid" and replies.blob(None) is None and replies.text(None) is None
     assert replies.texts([b"a", b"b"]) == ["a", "b"] and replies.text_map({b"k": b"v"}) == {"k": b"v"}

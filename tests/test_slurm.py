@@ -21,7 +21,7 @@ import yaml
 
 from conftest import ROOT
 from polar_mq.deploy.slurm_config import ConfigError, parse
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 EXAMPLE = ROOT / "examples" / "slurm" / "single-node.yaml"
 
@@ -171,7 +171,7 @@ def test_upstream_job_resolves_to_its_node(tmp_path, slurm):
 
     port = free_port()
     job = subprocess.run(["sbatch", "--parsable", "--job-name=vllm-standin", f"--output={tmp_path}/ms.out",
-                          "--wrap", f"exec {sys.executable} -m polar_mq.model_server --host 127.0.0.1 --port {port}"],
+                          "--wrap", f"exec {sys.executable} -m polar_mq.dev.model_server --host 127.0.0.1 --port {port}"],
                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
                          ).stdout.strip()
     try:
@@ -249,7 +249,7 @@ def test_deploy_slurm_end_to_end(tmp_path, slurm):
 
         # A service that dies inside its job fails the job (the role runner watches it).
         standin_url = json.loads((home / "slurm" / spec["name"] / "run" / "standin-0.json").read_text())["url"]
-        pid = subprocess.run(["pgrep", "-f", f"polar_mq.model_server --host 127.0.0.1 --port "
+        pid = subprocess.run(["pgrep", "-f", f"polar_mq.dev.model_server --host 127.0.0.1 --port "
                               f"{standin_url.rsplit(':', 1)[1]}"], capture_output=True, text=True).stdout.split()
         assert len(pid) == 1, pid
         os.kill(int(pid[0]), 9)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from polar_mq.proxy_app.vllm_wire import SseParser
+from polar_mq.proxy_app.upstream.vllm_wire import SseParser
 
 
 def test_payloads_independent_of_read_boundaries() -> None:

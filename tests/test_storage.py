@@ -18,9 +18,9 @@ import msgpack
 import pytest
 import redis
 
-from polar_mq import record_codec
+from polar_mq.store import codec as record_codec
 from polar_mq.model import CaptureRecord
-from polar_mq.store import GatewayStore, Keys
+from polar_mq.store.core import GatewayStore, Keys
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_storage.py"
 

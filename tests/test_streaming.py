@@ -25,9 +25,9 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from conftest import GatewayHandle, spawn, start_gateway, start_model_server, stop
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 from polar_mq.proxy_app.adapters.base import GatewayError
-from polar_mq.proxy_app.upstream import StreamAccumulator
+from polar_mq.proxy_app.upstream.pool import StreamAccumulator
 
 PROVIDERS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 TOKEN_MS = 15  # per sampled token in the stand-in: a 60-token answer takes ~1 s upstream
@@ -448,7 +448,7 @@ def test_upstream_error_mid_stream_is_a_stream_error_and_keeps_partial_ids(break
 @pytest.mark.parametrize("provider", ["openai_chat", "anthropic"])
 def test_upstream_killed_mid_stream(log_dir, redis_url, provider):
     port = free_port()
-    ms = spawn([sys.executable, "-m", "polar_mq.model_server", "--host", "127.0.0.1", "--port", str(port),
+    ms = spawn([sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1", "--port", str(port),
                 "--token-latency-ms", "40"], f"http://127.0.0.1:{port}/health", log_dir, f"ms-kill-{port}")
     gw = _gateway(log_dir, redis_url, ms.url, f"gw-kill-{provider}")
     try:

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import AUTH
-from polar_mq.model_server.tokenizer import load_tokenizer
+from polar_mq.dev.model_server.tokenizer import load_tokenizer
 from tito_support import PROVIDERS, SESSIONS, WRITE_SCHEMA, qwen3_tokenizer_dir, start_qwen3_stack
 
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": WRITE_SCHEMA}}]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from polar_mq.model import CaptureRecord, new_id
 from polar_mq.proxy_app.tito.index import HEAD, SessionIndex
 from polar_mq.proxy_app.tito.matching import find_parent
-from polar_mq.store import GatewayStore
+from polar_mq.store.core import GatewayStore
 
 TOOLS_A = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 TOOLS_B = TOOLS_A + [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]

@@ -1,4 +1,4 @@
-"""Prompt ids kept as the upstream's JSON text (polar_mq/token_ids.py): the first stream chunk's
+"""Prompt ids kept as the upstream's JSON text (polar_mq/_io/token_ids.py): the first stream chunk's
 `prompt_token_ids` is cut out before parsing (vllm_wire.load_answer), counted from its
 commas, stored as blocks of its text (record_codec.Encoder.text_ids), and equal everywhere to the
 list an ordinary parse gives."""
@@ -11,12 +11,12 @@ import random
 import orjson
 import pytest
 
-from polar_mq import record_codec
+from polar_mq.store import codec as record_codec
 from polar_mq.model import CaptureRecord
 from polar_mq.proxy_app import fastjson
-from polar_mq.proxy_app.upstream import UpstreamStream
-from polar_mq.proxy_app.vllm_wire import StreamAccumulator, load_answer
-from polar_mq.token_ids import NUMPY_FROM, TokenIds
+from polar_mq.proxy_app.upstream.pool import UpstreamStream
+from polar_mq.proxy_app.upstream.vllm_wire import StreamAccumulator, load_answer
+from polar_mq._io.token_ids import NUMPY_FROM, TokenIds
 
 
 def text_of(ids: list[int]) -> bytes:

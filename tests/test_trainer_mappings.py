@@ -1,4 +1,4 @@
-"""polar_mq groups -> trainer rows (polar_mq.trainers): TrainSample, slime Sample fields, verl
+"""polar_mq groups -> trainer rows (polar_mq.rl.trainers): TrainSample, slime Sample fields, verl
 DataProto fields — on real trajectories of real agent sessions (prefix_merging: a tool call, the
 tool result, a final answer in one trace), without slime's or verl's packages."""
 
@@ -8,9 +8,11 @@ import copy
 
 import pytest
 
-from polar_mq.trainers import samples_from_group
-from polar_mq.trainers.slime import sample_fields, to_samples
-from polar_mq.trainers.verl import agent_loop_outputs, batch_fields
+from polar_mq.rl.trainers import samples_from_group
+from polar_mq.rl.trainers.slime import sample_fields
+from polar_mq.rl.trainers.slime import to_samples
+from polar_mq.rl.trainers.verl import agent_loop_outputs
+from polar_mq.rl.trainers.verl import batch_fields
 from trainer_support import drain, real_group, rollout_stack  # noqa: F401  (fixture)
 
 

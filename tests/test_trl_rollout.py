@@ -18,14 +18,16 @@ import importlib  # noqa: E402
 importlib.import_module("trl.import_utils").is_vllm_available = lambda *args, **kwargs: False
 
 from pipeline_support import agent_task  # noqa: E402
-from polar_mq.trainers.trl import PolarRollout, polar_reward, sync_callback  # noqa: E402
+from polar_mq.rl.trainers.trl import PolarRollout
+from polar_mq.rl.trainers.trl import polar_reward
+from polar_mq.rl.trainers.trl import sync_callback  # noqa: E402
 from trainer_support import drain, rollout_stack  # noqa: E402,F401  (fixture)
 
 
 def tiny_model_and_tokenizer():
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from polar_mq.model_server.tokenizer import load_tokenizer
+    from polar_mq.dev.model_server.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     hf_tok = PreTrainedTokenizerFast.from_pretrained(str(tok.path))

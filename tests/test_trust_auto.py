@@ -17,7 +17,7 @@ from pipeline_support import agent_task, make_pipeline
 from polar_mq import runtimes
 from polar_mq.graders.base import GradeContext, InfraError
 from polar_mq.graders.workspace import fresh_workspace
-from polar_mq.tasks.taskspec import RuntimeSpec
+from polar_mq.taskspec import RuntimeSpec
 
 
 def test_select_backend_never_falls_back(monkeypatch):

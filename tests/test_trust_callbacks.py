@@ -15,7 +15,8 @@ import requests
 
 from conftest import AUTH, TOKEN, stop
 from pipeline_support import agent_task, make_pipeline
-from polar_mq import callback_guard, tokens
+from polar_mq.tasks.app import callback_guard
+from polar_mq import auth as tokens
 
 SECRET = "callback-secret-for-tests"
 

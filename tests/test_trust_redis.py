@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from conftest import ROOT
-from polar_mq.embedded_redis import ensure_redis
+from polar_mq.cli.embedded_redis import ensure_redis
 
 
 @pytest.fixture()

@@ -17,9 +17,9 @@ import redis
 import requests
 
 from conftest import AUTH, ROOT, spawn, stop
-from polar_mq.embedded_redis import free_port, start_embedded
-from polar_mq.roles import ROLES
-from polar_mq.store import Keys
+from polar_mq.cli.embedded_redis import free_port, start_embedded
+from polar_mq.api.roles import ROLES
+from polar_mq.store.core import Keys
 
 AGENT_TASK = {"instruction": "fix it", "agent": {"harness": "codex"}, "runtime": {"backend": "bwrap"}}
 

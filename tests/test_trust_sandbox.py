@@ -1,5 +1,5 @@
 """The sandbox reaches its own session's gateway endpoints and nothing else, tried from inside a
-real bwrap sandbox of a task run by `polar-mq up` (polar_mq.up.launch: API, gateway, the three
+real bwrap sandbox of a task run by `polar-mq up` (polar_mq.cli.up.launch: API, gateway, the three
 pools and Flower as real processes): not the API, Redis or Flower, not the gateway's /sessions or
 /health, not another session (its key in the URL, a header or the query), not by smuggling a
 second request, not the token file or another session's files. The task names no runtime: the
@@ -19,7 +19,7 @@ import requests
 
 from conftest import AUTH, ROOT, TOKEN
 from polar_mq.client import Client
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 from polar_mq.runtimes import bwrap_works
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot make a sandbox here")
@@ -30,7 +30,7 @@ PROBE = ROOT / "tests" / "sandbox_probe.py"
 def stack(monkeypatch):
     """`polar-mq up` with its state outside /tmp (the sandbox's /tmp is private anyway: this makes
     the hiding of host paths what is tested)."""
-    from polar_mq.up import launch
+    from polar_mq.cli.up import launch
 
     base = Path("/var/tmp") / f"polar-trust-{uuid.uuid4().hex[:8]}"
     home, sessions, results = base / "home", base / "sessions", base / "results"

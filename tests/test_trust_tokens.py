@@ -14,7 +14,7 @@ import requests
 
 from conftest import ROOT, spawn, stop
 from polar_mq.client import ApiError, Client
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 NO_TOKENS = {"POLAR_API_TOKEN": "", "POLAR_GATEWAY_TOKEN": ""}
 

@@ -16,7 +16,7 @@ import requests
 from conftest import AUTH, ROOT, TOKEN, spawn, stop
 from pipeline_support import agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.embedded_redis import free_port
+from polar_mq.cli.embedded_redis import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -360,7 +360,7 @@ def test_grafana_dashboard_queries_only_metrics_the_services_export(stack, gatew
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from polar_mq.proxy_app.metrics import GatewayMetrics
+    from polar_mq.proxy_app.web.metrics import GatewayMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     exported: set[str] = set()

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from polar_mq.api.ui_views import call_boundaries, divergence, group_view, timeline
+from polar_mq.api.ui.views import call_boundaries, divergence, group_view, timeline
 from polar_mq.model import SessionRecord, Trace
 
 
 def test_group_view_uses_the_trainers_advantages():
-    from polar_mq.advantages import group_advantages
+    from polar_mq.rl.advantages import group_advantages
 
     records = [SessionRecord(session_id=f"s{i}", task_id="t", index=i, state=st, reward=r)
                for i, (st, r) in enumerate([("COMPLETED", 1.0), ("COMPLETED", 0.0), ("ERROR", None), ("COMPLETED", 1.0)])]
@@ -52,7 +52,7 @@ def test_timeline_ends_a_running_state_now_and_a_terminal_one_at_once():
 
 
 def test_lineage_tree_nests_subagents_and_compaction():
-    from polar_mq.api.ui_tree import lineage_tree
+    from polar_mq.api.ui.tree import lineage_tree
 
     def t(meta, versions=None):
         return Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1], call_ids=["c"], metadata=meta,

@@ -19,8 +19,8 @@ import requests
 from conftest import ROOT, wait_http
 from pipeline_support import TINY_AGENT
 from polar_mq.client import Client
-from polar_mq.embedded_redis import free_port
-from polar_mq.supervise import start_time
+from polar_mq.cli.embedded_redis import free_port
+from polar_mq._io.supervise import start_time
 
 TOKEN = "pmqt-durable-test-token-0123456789"
 
@@ -138,7 +138,7 @@ def test_up_keeps_its_data_and_dies_with_its_processes(tmp_path):
 def test_a_second_up_on_the_same_home_is_refused_and_leftovers_are_ended(tmp_path):
     """The lock: a second `up` on a home in use exits 2 naming the first; a process group the
     list names that outlived its `up` is ended by the next one."""
-    from polar_mq.supervise import UpLock
+    from polar_mq._io.supervise import UpLock
 
     home = tmp_path / "home"
     first = UpLock(home)

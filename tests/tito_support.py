@@ -142,8 +142,9 @@ SESSIONS = {"openai_chat": chat_session, "openai_responses": responses_session,
 def qwen3_tokenizer_dir(dest) -> str:
     """The stand-in tokenizer with the Qwen3-style template (what the gateway's --tokenizer needs
     when the upstream serves that template)."""
-    from polar_mq.model_server.templates import QWEN3_STYLE, write_tokenizer_dir
-    from polar_mq.model_server.tokenizer import load_tokenizer
+    from polar_mq.dev.model_server.templates import QWEN3_STYLE
+    from polar_mq.dev.model_server.templates import write_tokenizer_dir
+    from polar_mq.dev.model_server.tokenizer import load_tokenizer
 
     return str(write_tokenizer_dir(load_tokenizer().path, dest, QWEN3_STYLE))
 

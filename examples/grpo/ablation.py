@@ -101,7 +101,7 @@ def plot(runs: dict[str, list[dict]], path: Path, title: str) -> None:
 def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.vllm_policy import PolicyServer, copy_weights
-    from polar_mq.embedded_redis import free_port
+    from polar_mq.cli.embedded_redis import free_port
 
     if args.harness in grpo_run.NOT_BUILT:
         raise SystemExit(grpo_run.NOT_BUILT[args.harness])

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.grpo import task  # noqa: E402
-from polar_mq.model_server.tokenizer import load_tokenizer  # noqa: E402
+from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
 FORMAT_P = 0.9995
 FINAL_FORMAT_P = 0.999  # the end of turn must stay near-certain (rare sampled format tokens broke the old tool-call format)

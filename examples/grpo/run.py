@@ -5,7 +5,7 @@
 
 Each step:
 1. rollout — this step's dataset rows (``task.rows``: new prompts each step; ``--turns K``: K
-   instructions per row, one model call each) become tasks through ``polar_mq.datasets`` (what
+   instructions per row, one model call each) become tasks through ``polar_mq.rl.datasets`` (what
    ``polar-mq submit --dataset`` does) with ``num_samples`` = group size and
    ``metadata.policy_version`` = the weights now in vLLM; the harness (``--harness shell``: the
    openai-SDK agent ``agent.py``) runs against the gateway at temperature 1 (each reply: a direction
@@ -108,10 +108,11 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
 
 def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, tmpl: dict, rows_for_step) -> list[dict]:
     """``--trainer polar``: rollout (groups API), trainer.PolicyTrainer, in-place sync, ack; per-step rows."""
-    from polar_mq.datasets import TaskOptions, build_tasks
-    from polar_mq.datasets.readers import Row
-    from polar_mq.datasets.submit import submit_built
-    from polar_mq.trainers.samples import samples_from_group
+    from polar_mq.rl.datasets import TaskOptions
+    from polar_mq.rl.datasets import build_tasks
+    from polar_mq.rl.datasets.readers import Row
+    from polar_mq.rl.datasets.submit import submit_built
+    from polar_mq.rl.trainers.samples import samples_from_group
 
     from examples.grpo.trainer import PolicyTrainer
 
@@ -168,8 +169,8 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
 
 def run(args: argparse.Namespace) -> dict:
     from polar_mq.client import Client
-    from polar_mq.embedded_redis import free_port
-    from polar_mq.up import launch
+    from polar_mq.cli.embedded_redis import free_port
+    from polar_mq.cli.up import launch
 
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> dict:
             raise SystemExit(NOT_BUILT[name])
     if args.trainer == "trl" and args.builder == "per_request" and args.turns > 1:
         raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
-                         "several traces (polar_mq/trainers/trl.py); use --builder prefix_merging or --trainer polar")
+                         "several traces (polar_mq/rl/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)

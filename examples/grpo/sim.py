@@ -23,8 +23,8 @@ if str(ROOT) not in sys.path:
 
 from examples.grpo import base_model as bm  # noqa: E402
 from examples.grpo.trainer import PolicyTrainer  # noqa: E402
-from polar_mq.advantages import group_advantages  # noqa: E402
-from polar_mq.trainers.samples import TrainSample  # noqa: E402
+from polar_mq.rl.advantages import group_advantages  # noqa: E402
+from polar_mq.rl.trainers.samples import TrainSample  # noqa: E402
 
 
 def simulate(args: argparse.Namespace, seed: int, log=print) -> list[float]:

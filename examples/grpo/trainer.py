@@ -6,7 +6,7 @@ Loss (token level, over the positions whose loss_mask is 1 only):
     ratio_t = exp(logp_theta(y_t) - logp_behaviour(y_t))         behaviour = the logprobs vLLM
     loss    = -mean_t min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A)          reported when it sampled
 
-with A the trajectory's group-relative advantage (polar_mq.trainers.samples). The batch is split
+with A the trajectory's group-relative advantage (polar_mq.rl.trainers.samples). The batch is split
 into ``minibatches`` optimiser steps and passed over ``epochs`` times (PPO-style), so from the
 second optimiser step on the ratio is no longer 1 and the clip bounds how far one batch can move
 a token; the first forward also measures how far the trainer's logprobs are from vLLM's for the
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_mq.trainers.samples import TrainSample
+from polar_mq.rl.trainers.samples import TrainSample
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``examples.grpo.run --trainer trl``: TRL's ``GRPOTrainer`` instead of the project's trainer, on the
 same rollouts (polar_mq sessions through the groups API) and the same weight sync.
 
-* sampling: ``polar_mq.trainers.trl.PolarRollout`` is the ``rollout_func``: per batch it submits one
+* sampling: ``polar_mq.rl.trainers.trl.PolarRollout`` is the ``rollout_func``: per batch it submits one
   task per distinct prompt with ``num_samples`` = ``num_generations``, takes the finished groups from
   the groups API and acks them, and hands TRL each session's trace ids, vLLM's logprobs and the loss
   mask (``env_mask``); the reward is the grader's (``polar_reward``);
@@ -44,7 +44,9 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     from trl import GRPOConfig, GRPOTrainer
 
     from examples.grpo.vllm_policy import sync
-    from polar_mq.trainers.trl import PolarRollout, polar_reward, sync_callback
+    from polar_mq.rl.trainers.trl import PolarRollout
+    from polar_mq.rl.trainers.trl import polar_reward
+    from polar_mq.rl.trainers.trl import sync_callback
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     torch.manual_seed(args.seed)

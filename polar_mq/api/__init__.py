@@ -5,6 +5,6 @@ Modules: `app` (factory, error handlers), `routes` (tasks and sessions), `admin`
 `serve` (gunicorn / dev server).
 """
 
-from .app import create_app
+from polar_mq.api.app import create_app
 
 __all__ = ["create_app"]

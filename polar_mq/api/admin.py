@@ -5,7 +5,7 @@ generations in flight, resume with a new policy version.
 to S seconds until no live gateway has a generation in flight (per-gateway counts; a gateway
 with no heartbeat for HEARTBEAT_TTL is dead and does not block), then pauses the upstreams'
 engines with `mode`. From the moment the flag is set no generation is admitted anywhere (see
-polar_mq/pause_state.py). `POST /v1/admin/resume {"policy_version": V}` sets the upstreams' weight
+polar_mq/store/pause.py). `POST /v1/admin/resume {"policy_version": V}` sets the upstreams' weight
 version, resumes them, then sets V and lifts the flag in one transaction: every call admitted
 after it is stamped `policy_version = V`.
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from ..pause_state import Drain, PauseState
-from . import weights
-from .context import ctx
-from .problems import Problem
-from .routes import _float_arg
+from polar_mq.store.pause import Drain, PauseState
+from polar_mq.api import weights
+from polar_mq.api.context import ctx
+from polar_mq.api.problems import Problem
+from polar_mq.api.routes import _float_arg
 
 bp = Blueprint("admin", __name__)
 

@@ -4,10 +4,11 @@ rule). Both run before anything is written or enqueued (tests/test_trust_roles.p
 
 from __future__ import annotations
 
-from .. import callback_guard, submit_policy
-from ..roles import Principal
-from ..tasks.taskspec import TaskRequest
-from .problems import Problem, validation
+from polar_mq.tasks.app import callback_guard
+from polar_mq.api import submit_policy
+from polar_mq.api.roles import Principal
+from polar_mq.taskspec import TaskRequest
+from polar_mq.api.problems import Problem, validation
 
 
 def check_submit(task: TaskRequest, who: Principal) -> None:

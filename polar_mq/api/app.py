@@ -9,15 +9,17 @@ import redis
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from ..tasks.pipeline_store import PipelineStore
-from ..settings import PipelineSettings
-from ..store import StoreUnavailable, connect
-from ..tasks.taskspec import ValidationError
-from . import admin, groups, ops, routes, tokens_api, ui, ui_auth
-from ..roles import ADMIN, TokenStore
-from .auth import check_bearer
-from .context import EXTENSION, ApiContext
-from .problems import Problem, unavailable, validation
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.settings import PipelineSettings
+from polar_mq.store.core import StoreUnavailable, connect
+from polar_mq.taskspec import ValidationError
+from polar_mq.api import admin, groups, ops, routes, tokens_api
+from polar_mq.api.ui import routes as ui
+from polar_mq.api.ui import auth as ui_auth
+from polar_mq.api.roles import ADMIN, TokenStore
+from polar_mq.api.auth import check_bearer
+from polar_mq.api.context import EXTENSION, ApiContext
+from polar_mq.api.problems import Problem, unavailable, validation
 
 log = logging.getLogger("polar_mq.api")
 

@@ -13,8 +13,8 @@ from typing import Callable
 
 from flask import g, request
 
-from ..roles import ADMIN_PRINCIPAL, Principal, TokenStore, rule
-from .problems import Problem
+from polar_mq.api.roles import ADMIN_PRINCIPAL, Principal, TokenStore, rule
+from polar_mq.api.problems import Problem
 
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="polar-mq"'}

@@ -10,9 +10,9 @@ import redis
 from redis import Redis
 from flask import current_app
 
-from ..tasks.pipeline_store import PipelineStore
-from ..settings import PipelineSettings
-from ..store import Keys
+from polar_mq.store.pipeline import PipelineStore
+from polar_mq.settings import PipelineSettings
+from polar_mq.store.core import Keys
 
 EXTENSION = "polar_mq"
 
@@ -39,7 +39,7 @@ class ApiContext:
         if self._gateway_redis is None:
             with self._lock:
                 if self._gateway_redis is None:
-                    from ..store import connect
+                    from polar_mq.store.core import connect
 
                     self._gateway_redis = connect(url)
         return self._gateway_redis
@@ -50,15 +50,15 @@ class ApiContext:
         if self._celery is None:
             with self._lock:
                 if self._celery is None:
-                    from ..tasks.celery_app import make_celery
+                    from polar_mq.tasks.app.celery import make_celery
 
                     self._celery = make_celery(self.settings)
         return self._celery
 
     def stage_context(self):
         """A stage context whose messages go through this API's Celery app."""
-        from ..tasks.context import GatewayClient, StageContext
-        from ..tasks.routing import make_enqueue
+        from polar_mq.tasks.app.context import GatewayClient, StageContext
+        from polar_mq.tasks.app.routing import make_enqueue
 
         return StageContext(settings=self.settings, store=self.store,
                             gateway=GatewayClient(self.settings.gateway_url, self.settings.gateway_token),

@@ -13,13 +13,14 @@ from typing import Any
 import msgpack
 from flask import Blueprint, Response, jsonify, request
 
-from .. import retention, states
-from ..group_queue import ACK_REASONS, Taken
-from ..store import unpack
-from ..tasks import early_stop
-from .context import ctx
-from .problems import Problem, not_found
-from .routes import _float_arg, _int_arg
+from polar_mq import states
+from polar_mq.store import retention
+from polar_mq.store.groups import ACK_REASONS, Taken
+from polar_mq.store.core import unpack
+from polar_mq.tasks.app import early_stop
+from polar_mq.api.context import ctx
+from polar_mq.api.problems import Problem, not_found
+from polar_mq.api.routes import _float_arg, _int_arg
 
 bp = Blueprint("groups", __name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import TERMINAL_STATES, SessionState
-from ..tasks.taskspec import BACKENDS, BUILDERS, HARNESSES, PRIORITY_LIMIT
+from polar_mq.model import TERMINAL_STATES, SessionState
+from polar_mq.taskspec import BACKENDS, BUILDERS, HARNESSES, PRIORITY_LIMIT
 
 SESSION_STATES = [state.value for state in SessionState]
 

@@ -8,13 +8,15 @@ from collections import Counter
 import redis
 from flask import Blueprint, Response, jsonify
 
-from .. import histograms, retention, states
-from ..tasks.routing import QUEUES
-from ..tasks import priority
-from ..pause_state import PauseState
-from .context import ctx
-from .openapi import document
-from .problems import Problem
+from polar_mq import states
+from polar_mq.store import histograms
+from polar_mq.store import retention
+from polar_mq.tasks.app.routing import QUEUES
+from polar_mq.tasks.app import priority
+from polar_mq.store.pause import PauseState
+from polar_mq.api.context import ctx
+from polar_mq.api.openapi import document
+from polar_mq.api.problems import Problem
 
 bp = Blueprint("ops", __name__)
 

@@ -9,17 +9,19 @@ from typing import Any
 import yaml
 from flask import Blueprint, Response, jsonify, request
 
-from .. import jsonsafe, retention, states
-from ..tasks.pipeline_store import Conflict
-from ..tasks.taskspec import ValidationError, parse_task
-from ..tasks.routing import INIT_TASK, STAGE_QUEUE
-from ..tasks.endings import finish_early
-from ..tasks import early_stop
-from ..tasks.priority import level
-from . import admission, views
-from .auth import principal
-from .context import ctx
-from .problems import Problem, not_found, validation
+from polar_mq import states
+from polar_mq._io import jsonsafe
+from polar_mq.store import retention
+from polar_mq.store.pipeline import Conflict
+from polar_mq.taskspec import ValidationError, parse_task
+from polar_mq.tasks.app.routing import INIT_TASK, STAGE_QUEUE
+from polar_mq.tasks.app.endings import finish_early
+from polar_mq.tasks.app import early_stop
+from polar_mq.tasks.app.priority import level
+from polar_mq.api import admission, views
+from polar_mq.api.auth import principal
+from polar_mq.api.context import ctx
+from polar_mq.api.problems import Problem, not_found, validation
 
 bp = Blueprint("tasks", __name__)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..serving import serve_wsgi
-from ..settings import PipelineSettings
+from polar_mq._io.serving import serve_wsgi
+from polar_mq.settings import PipelineSettings
 
 
 def serve(settings: PipelineSettings, *, host: str = "127.0.0.1", port: int = 8700, dev: bool = False,
           workers: int | None = None, threads: int = 16) -> None:
-    from .app import create_app
+    from polar_mq.api.app import create_app
 
     # /v1/admin/pause may wait for in-flight generations (settings.pause_wait).
     serve_wsgi("api", lambda: create_app(settings), host=host, port=port, dev=dev, workers=workers,

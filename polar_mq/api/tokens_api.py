@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from ..roles import TokenError, TokenStore
-from .context import ctx
-from .problems import Problem, not_found
+from polar_mq.api.roles import TokenError, TokenStore
+from polar_mq.api.context import ctx
+from polar_mq.api.problems import Problem, not_found
 
 bp = Blueprint("tokens", __name__)
 

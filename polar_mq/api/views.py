@@ -6,8 +6,8 @@ import time
 from collections import Counter
 from typing import Any, Iterable
 
-from .. import states
-from ..model import SessionRecord, Trajectory
+from polar_mq import states
+from polar_mq.model import SessionRecord, Trajectory
 
 
 def durations(rec: SessionRecord, now: float | None = None) -> dict[str, float]:

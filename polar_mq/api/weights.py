@@ -18,8 +18,8 @@ from typing import Any, Callable
 import redis
 import requests
 
-from .. import replies
-from ..store import Keys
+from polar_mq.store import replies
+from polar_mq.store.core import Keys
 
 TIMEOUT = 10.0
 PAUSE_TIMEOUT = 120.0  # mode=wait returns when vLLM's own in-flight requests finished

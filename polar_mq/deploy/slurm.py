@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .slurm_config import ConfigError, Deployment, Role, expand_hostlist, load
+from polar_mq.deploy.slurm_config import ConfigError, Deployment, Role, expand_hostlist, load
 
 STATE_FILE = "deployment.json"
 SUBMIT_ORDER = ("hub", "standin", "gateway", "init", "run", "postrun")
@@ -56,7 +56,7 @@ class Job:
 
 
 def state_root() -> Path:
-    from ..settings import polar_home
+    from polar_mq.settings import polar_home
 
     return polar_home() / "slurm"
 
@@ -131,7 +131,7 @@ def task_template(dep: Deployment) -> str:
 def _role_env(dep: Deployment) -> dict[str, str]:
     """What every job exports: where the token file is (the deploying user's $POLAR_HOME), the
     deploying interpreter's import path, and the config's `env`. No secret is written here."""
-    from ..settings import polar_home
+    from polar_mq.settings import polar_home
 
     env = {"POLAR_HOME": str(polar_home())}
     if os.environ.get("PYTHONPATH"):
@@ -223,7 +223,7 @@ def deploy(config: str, *, dry_run: bool = False, wait: float = 0.0, out: Any = 
         if live:
             raise DeployError(f"deployment {dep.name} still has jobs {', '.join(sorted(live))}: "
                               f"`polar-mq deploy slurm stop --config {config}` first")
-    from .. import tokens
+    from polar_mq import auth as tokens
 
     token = tokens.server_token("api")  # the deploying user's token: $POLAR_API_TOKEN or $POLAR_HOME/token
     if not token:

@@ -37,7 +37,7 @@ PLACEMENT_KEYS = ("partition", "nodelist", "count", "cpus", "mem", "time", "acco
 ROLE_KEYS = {"hub": ("api_port", "redis_port"), "standin": ("port", "args"), "gateway": ("port", "args"),
              "init": ("concurrency",), "run": ("concurrency",), "postrun": ("concurrency",)}
 DEFAULT_PORTS = {"api_port": 8700, "redis_port": 6379, "standin": 8000, "gateway": 8600}
-DEFAULT_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}  # = polar_mq.cli.STAGE_CONCURRENCY
+DEFAULT_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}  # = polar_mq.cli.commands.STAGE_CONCURRENCY
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 

@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from .slurm_config import Deployment
+from polar_mq.deploy.slurm_config import Deployment
 
 RUN = "run"
 
@@ -105,7 +105,7 @@ def ping_redis(url: str) -> bool:
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2) \
         if not url.startswith("redis+sentinel://") else None
     if client is None:
-        from ..store import connect
+        from polar_mq.store.core import connect
 
         return bool(connect(url).ping())
     try:
@@ -280,7 +280,7 @@ def run_role(role: str, state: Path, index: int) -> int:
                 with os.fdopen(fd, "w") as fh:
                     fh.write(f"port {port}\nbind {dep.bind}\nrequirepass {password}\ndir {data}\n"
                              "appendonly yes\nsave \"\"\nprotected-mode yes\ndaemonize no\n")
-                from ..embedded_redis import server_binary
+                from polar_mq.cli.embedded_redis import server_binary
 
                 binary = server_binary()
                 if binary is None:
@@ -313,7 +313,7 @@ def run_role(role: str, state: Path, index: int) -> int:
             say("hub", f"API {api_url} up")
         elif role == "standin":
             port = pick_port(dep, spec.port)
-            kids.start("model-server", [py, "-m", "polar_mq.model_server", "--host", dep.bind, "--port", str(port),
+            kids.start("model-server", [py, "-m", "polar_mq.dev.model_server", "--host", dep.bind, "--port", str(port),
                                         *spec.args], {})
             url = f"http://{addr}:{port}"
             kids.wait_http(f"{url}/health", timeout)

@@ -30,9 +30,9 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from ..model import Trajectory
-from ..plugins import import_object
-from .base import DEFAULT_TIMEOUT, ERROR, OK, TIMEOUT, Grade, GradeContext, Grader, GraderTimeout, InfraError
+from polar_mq.model import Trajectory
+from polar_mq._io.plugins import import_object
+from polar_mq.graders.base import DEFAULT_TIMEOUT, ERROR, OK, TIMEOUT, Grade, GradeContext, Grader, GraderTimeout, InfraError
 
 ENTRY_POINT_GROUP = "polar_mq.graders"
 COMMON_KEYS = ("timeout_seconds", "keep_only_passing", "pass_threshold", "sft_path", "sft_roles")

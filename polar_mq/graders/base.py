@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..model import RuntimeHandle, SessionRecord, Trajectory
-from ..tasks.taskspec import RuntimeSpec, TaskRequest
+from polar_mq.model import RuntimeHandle, SessionRecord, Trajectory
+from polar_mq.taskspec import RuntimeSpec, TaskRequest
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 

@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..model import Trajectory
-from .base import Grade, GradeContext, Grader, GraderTimeout, InfraError
+from polar_mq.model import Trajectory
+from polar_mq.graders.base import Grade, GradeContext, Grader, GraderTimeout, InfraError
 
 TESTS_DIR = "/tests"
 VERIFIER_DIR = "/logs/verifier"
@@ -68,7 +68,7 @@ class HarborGrader(Grader):
         if context.get_runtime is not None:
             runtime = context.get_runtime("docker")
         else:
-            from ..runtimes.docker import DockerRuntime
+            from polar_mq.runtimes.docker import DockerRuntime
 
             runtime = DockerRuntime()
         try:

@@ -24,8 +24,8 @@ from typing import Any
 
 import requests
 
-from ..model import Trajectory
-from .base import Grade, GradeContext, Grader, InfraError
+from polar_mq.model import Trajectory
+from polar_mq.graders.base import Grade, GradeContext, Grader, InfraError
 
 TRANSCRIPT_CHARS = 24_000  # the tail of the conversation the judge reads
 SYSTEM = ("You are a strict, impartial grader. Score the agent's work against the rubric, each "
@@ -141,8 +141,8 @@ class RubricGrader(Grader):
             return grade
 
     def _judge(self, trajectory: Trajectory, context: GradeContext, audit: dict[str, Any]) -> Grade:
-        from ..settings import PipelineSettings
-        from ..tasks.context import GatewayClient
+        from polar_mq.settings import PipelineSettings
+        from polar_mq.tasks.app.context import GatewayClient
 
         settings = PipelineSettings.from_env()
         gateway = GatewayClient(settings.gateway_url, settings.gateway_token)

@@ -12,9 +12,9 @@ import logging
 import threading
 from typing import Any
 
-from ..model import Trajectory
-from . import grader_timeout, is_instant, load_grader, split_config
-from .base import Grade, GradeContext
+from polar_mq.model import Trajectory
+from polar_mq.graders import grader_timeout, is_instant, load_grader, split_config
+from polar_mq.graders.base import Grade, GradeContext
 
 log = logging.getLogger("polar_mq.graders")
 

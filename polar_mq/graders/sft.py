@@ -3,7 +3,7 @@
 Turned on per task with `grader.config.keep_only_passing: true` (any grader). After grading, the
 postrun stage calls `record(...)`: a passing trajectory (swebench: resolved; others: `Grade.passed`,
 else reward >= `pass_threshold`, default 1.0) is appended to the SFT file as OpenAI-chat rows
-(`messages` ending with the assistant's reply, `tools`, ids, reward — `polar_mq.export.sft_rows`),
+(`messages` ending with the assistant's reply, `tools`, ids, reward — `polar_mq.rl.export.sft_rows`),
 and the counts are updated:
 
   file   `grader.config.sft_path` if set (several tasks may share one file: one dataset across
@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ..model import Trajectory
-from .base import ERROR, Grade
+from polar_mq.model import Trajectory
+from polar_mq.graders.base import ERROR, Grade
 
 
 def sft_path(results_dir: str | os.PathLike[str], task_id: str | None, options: dict[str, Any]) -> Path:
@@ -75,7 +75,7 @@ def offline_sft_rows(trajectories: Iterable[Trajectory], roles: Iterable[str] | 
                      ) -> Iterator[dict[str, Any]]:
     """The SFT file's rows for trajectories (as `record` writes them: `sft_rows` plus instance_id,
     taken from the grade in the trajectory's metadata when there is no Grade at hand)."""
-    from ..export import sft_rows
+    from polar_mq.rl.export import sft_rows
 
     for traj in trajectories:
         instance_id = (((traj.metadata or {}).get("grade") or {}).get("metadata") or {}).get("instance_id")
@@ -86,7 +86,7 @@ def offline_sft_rows(trajectories: Iterable[Trajectory], roles: Iterable[str] | 
 def record(path: str | os.PathLike[str], traj: Trajectory, grade: Grade, *, threshold: float = 1.0,
            roles: list[str] | None = None) -> str:
     """Record one graded trajectory; returns "accepted", "rejected" or "error"."""
-    from ..export import sft_rows
+    from polar_mq.rl.export import sft_rows
 
     path = Path(path)
     traj.metadata["sft_file"] = os.path.abspath(path)

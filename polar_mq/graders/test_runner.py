@@ -27,10 +27,10 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..model import Trajectory
-from . import parsing
-from .base import Grade, GradeContext, Grader, InfraError
-from .workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace, guard_patch,
+from polar_mq.model import Trajectory
+from polar_mq.graders import parsing
+from polar_mq.graders.base import Grade, GradeContext, Grader, InfraError
+from polar_mq.graders.workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace, guard_patch,
                         restore_dirs, restore_paths, session_workspace)
 
 _KEYS = {"command", "repo_dir", "format", "junit_xml", "reward", "expected", "env", "timeout", "fresh",

@@ -28,12 +28,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..model import RuntimeHandle
-from ..runtimes import NoIsolation, get_runtime, resolve_backend
-from ..runtimes.local import allow_local_exec_from_env, refused_prepare
-from ..runtimes.base import ExecResult
-from ..tasks.taskspec import RuntimeSpec
-from .base import GradeContext, GraderTimeout, InfraError
+from polar_mq.model import RuntimeHandle
+from polar_mq.runtimes import NoIsolation, get_runtime, resolve_backend
+from polar_mq.runtimes.local import allow_local_exec_from_env, refused_prepare
+from polar_mq.runtimes.base import ExecResult
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.graders.base import GradeContext, GraderTimeout, InfraError
 
 # Never part of the agent's patch: caches, build outputs, environments.
 DEFAULT_EXCLUDES = (

@@ -7,8 +7,8 @@ npm installs in install.py, the model limits a CLI is told in limits.py.
 
 from __future__ import annotations
 
-from .base import CliLaunch, Harness, HarnessContext, Launch, session_env
-from .registry import CLI_HARNESSES, build, get_harness, supported_apis
+from polar_mq.harnesses.base import CliLaunch, Harness, HarnessContext, Launch, session_env
+from polar_mq.harnesses.registry import CLI_HARNESSES, build, get_harness, supported_apis
 
 __all__ = ["CLI_HARNESSES", "CliLaunch", "Harness", "HarnessContext", "Launch", "build", "get_harness",
            "session_env", "supported_apis"]

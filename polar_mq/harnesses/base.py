@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 
-from .limits import ModelLimits, resolve
+from polar_mq.harnesses.limits import ModelLimits, resolve
 
 # --- the interface --------------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class CliHarness:
         return type(self).configure(home, base_urls, key, model, instruction, **kwargs)
 
     def launch(self, ctx: HarnessContext) -> Launch:
-        from .install import resolve_bin
+        from polar_mq.harnesses.install import resolve_bin
 
         opts = dict(ctx.options or {})
         unknown = sorted(set(opts) - OPTIONS)

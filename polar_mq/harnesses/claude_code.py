@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .base import (ANTHROPIC, DEFAULT_LIMITS, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
                    strip_slash, write_json)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("claude_code", "@anthropic-ai/claude-code", "2.1.197", "claude")
 APIS = (ANTHROPIC,)

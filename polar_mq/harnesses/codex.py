@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from .base import (DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness, CliLaunch, HarnessPackage, PathLike,
+from polar_mq.harnesses.base import (DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness, CliLaunch, HarnessPackage, PathLike,
                    check_api, home_env, openai_v1)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("codex", "@openai/codex", "0.171.0", "codex")
 APIS = (OPENAI_RESPONSES,)

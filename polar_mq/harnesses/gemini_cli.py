@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .base import (DEFAULT_LIMITS, GEMINI, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
+from polar_mq.harnesses.base import (DEFAULT_LIMITS, GEMINI, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
                    strip_slash, write_json)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("gemini_cli", "@google/gemini-cli", "0.61.0", "gemini")
 APIS = (GEMINI,)

@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from .base import HarnessPackage
-from .registry import packages
+from polar_mq.harnesses.base import HarnessPackage
+from polar_mq.harnesses.registry import packages
 
 
 # The pinned versions, each named in its harness's module (versions seen working headless against

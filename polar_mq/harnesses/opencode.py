@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .base import (ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
+from polar_mq.harnesses.base import (ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
                    CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash,
                    write_json)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("opencode", "opencode-ai", "1.18.33", "opencode")
 APIS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC, GEMINI)

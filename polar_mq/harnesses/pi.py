@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness,
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness,
                    CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash, write_json)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi")
 APIS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC, GEMINI)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliHarness, CliLaunch, HarnessPackage, PathLike,
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliHarness, CliLaunch, HarnessPackage, PathLike,
                    check_api, home_env, openai_v1, strip_slash, write_json)
-from .limits import ModelLimits
+from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("qwen_code", "@qwen-code/qwen-code", "0.15.10", "qwen")
 APIS = (OPENAI_CHAT, ANTHROPIC, GEMINI)

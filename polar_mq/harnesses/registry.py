@@ -11,9 +11,9 @@ import importlib
 from types import ModuleType
 from typing import Mapping
 
-from ..tasks.taskspec import HARNESSES
-from .base import CliHarness, CliLaunch, Harness, HarnessPackage, PathLike
-from .limits import ModelLimits
+from polar_mq.taskspec import HARNESSES
+from polar_mq.harnesses.base import CliHarness, CliLaunch, Harness, HarnessPackage, PathLike
+from polar_mq.harnesses.limits import ModelLimits
 
 #: The real agent CLIs (installed from npm); `shell` runs any command.
 CLI_HARNESSES = tuple(name for name in HARNESSES if name != "shell")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import HarnessContext, Launch, session_env
+from polar_mq.harnesses.base import HarnessContext, Launch, session_env
 
 
 class ShellHarness:

@@ -13,7 +13,7 @@ from polar_mq.merge.prefix_merging import PrefixMergingBuilder
 from polar_mq.merge.records import as_record, prepare
 from polar_mq.merge.stats import base_stats
 from polar_mq.model import TERMINAL_STATES, CaptureRecord, SessionState, Trajectory
-from polar_mq.plugins import import_object
+from polar_mq._io.plugins import import_object
 
 _BUILDERS: dict[str, type] = {
     PerRequestBuilder.name: PerRequestBuilder,

@@ -29,8 +29,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..redis_wire import RedisWire, Sent
-from ..store import Keys
+from polar_mq.store.wire import RedisWire, Sent
+from polar_mq.store.core import Keys
 
 # KEYS: key mapping, cancelled flag, session in-flight hash, paused flag, in-flight by gateway,
 #       policy version. ARGV: session id, call id, now, gateway id, check key (0|1)

@@ -26,16 +26,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
-from .. import sampling
-from ..idle_socket import peer_closed
-from ..locks import short_lock
-from ..model import CaptureRecord
-from ..store import GatewayStore, StoreUnavailable
-from .adapters.base import ChatRequest, ChatResult, GatewayError
-from .upstream import IDLE, NoStreamIds, StreamAccumulator, UpstreamPool, abort_id
+from polar_mq import sampling
+from polar_mq._io.idle_socket import peer_closed
+from polar_mq._io.locks import short_lock
+from polar_mq.model import CaptureRecord
+from polar_mq.store.core import GatewayStore, StoreUnavailable
+from polar_mq.proxy_app.adapters.base import ChatRequest, ChatResult, GatewayError
+from polar_mq.proxy_app.upstream.pool import IDLE, NoStreamIds, StreamAccumulator, UpstreamPool, abort_id
 
 if TYPE_CHECKING:
-    from .upstream import UpstreamStream
+    from polar_mq.proxy_app.upstream.pool import UpstreamStream
 
 log = logging.getLogger("polar_mq.calls")
 

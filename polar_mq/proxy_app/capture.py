@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import msgpack
 
-from .. import jsonsafe
-from ..model import CaptureRecord, new_id
-from ..token_ids import as_ids
-from ..store import GatewayStore, StoreUnavailable, pack
-from .adapters.base import ChatRequest, ChatResult, GatewayError
+from polar_mq._io import jsonsafe
+from polar_mq.model import CaptureRecord, new_id
+from polar_mq._io.token_ids import as_ids
+from polar_mq.store.core import GatewayStore, StoreUnavailable, pack
+from polar_mq.proxy_app.adapters.base import ChatRequest, ChatResult, GatewayError
 
 log = logging.getLogger("polar_mq.capture")
 

@@ -23,20 +23,20 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator
 
-from ..locks import short_lock
-from ..model import CaptureRecord, new_id
-from ..pause_state import PauseState
-from ..settings import GatewaySettings
-from ..store import GatewayStore, StoreUnavailable
-from .adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
-from .adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
-from .admission import CANCELLED, UNKNOWN_KEY, Admission, Entry, Ticket
-from .calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, stream_events
-from .capture import PendingRecord, Recorder, fill_error, fill_partial, fill_result, new_record
-from .pause import PauseGate, _redis_error
-from .tito import Tito
-from .upstream import NoStreamIds, StreamAccumulator, UpstreamPool
-from .versions import split_stream
+from polar_mq._io.locks import short_lock
+from polar_mq.model import CaptureRecord, new_id
+from polar_mq.store.pause import PauseState
+from polar_mq.settings import GatewaySettings
+from polar_mq.store.core import GatewayStore, StoreUnavailable
+from polar_mq.proxy_app.adapters.base import FINISH, PING, Adapter, ChatRequest, ChatResult, GatewayError, StreamEvent, replay
+from polar_mq.proxy_app.adapters.registry import ADAPTERS, adapter  # noqa: F401 - re-exported (app.py)
+from polar_mq.proxy_app.admission import CANCELLED, UNKNOWN_KEY, Admission, Entry, Ticket
+from polar_mq.proxy_app.calls import CLIENT_GONE, Aborted, CallRegistry, Inflight, SessionPolicies, enforce, plain_chat, stream_events
+from polar_mq.proxy_app.capture import PendingRecord, Recorder, fill_error, fill_partial, fill_result, new_record
+from polar_mq.proxy_app.pause import PauseGate, _redis_error
+from polar_mq.proxy_app.tito import Tito
+from polar_mq.proxy_app.upstream.pool import NoStreamIds, StreamAccumulator, UpstreamPool
+from polar_mq.proxy_app.versions import split_stream
 
 log = logging.getLogger("polar_mq.gateway")
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
-from .. import jsonsafe
-from ..locks import short_lock
-from .adapters.base import GatewayError
-from .shared_values import SHARED
+from polar_mq._io import jsonsafe
+from polar_mq._io.locks import short_lock
+from polar_mq.proxy_app.adapters.base import GatewayError
+from polar_mq.proxy_app.shared_values import SHARED
 
 _BIG = float(2 ** 63)  # orjson's float for an integer literal beyond 64 bits is at least this large
 

@@ -1,6 +1,6 @@
 """The gateway's side of the weight-sync pause: admit each generation through Redis, hold it
 while paused, stamp it with the policy version, and heart-beat so a drain can tell this process
-is alive (see polar_mq/pause_state.py for why this leaves no window).
+is alive (see polar_mq/store/pause.py for why this leaves no window).
 
 While paused a generation waits here — before anything goes upstream — for at most
 `pause_max_hold` seconds, then fails with a retryable 503 rather than sample with weights that
@@ -19,13 +19,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..model import CaptureRecord
-from ..pause_state import HEARTBEAT_INTERVAL, PauseState
-from ..store import StoreUnavailable
-from .adapters.base import GatewayError
+from polar_mq.model import CaptureRecord
+from polar_mq.store.pause import HEARTBEAT_INTERVAL, PauseState
+from polar_mq.store.core import StoreUnavailable
+from polar_mq.proxy_app.adapters.base import GatewayError
 
 if TYPE_CHECKING:
-    from .admission import Ticket
+    from polar_mq.proxy_app.admission import Ticket
 
 log = logging.getLogger("polar_mq.gateway.pause")
 

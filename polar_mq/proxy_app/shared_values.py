@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from ..locks import short_lock
+from polar_mq._io.locks import short_lock
 
 T = TypeVar("T")
 

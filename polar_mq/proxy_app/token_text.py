@@ -20,10 +20,10 @@ import requests
 from redis.typing import EncodableT
 from flask import Flask, Response, jsonify, request
 
-from .. import replies
+from polar_mq.store import replies
 
 if TYPE_CHECKING:
-    from .app import Gateway
+    from polar_mq.proxy_app.web.app import Gateway
 
 log = logging.getLogger("polar_mq.token_text")
 

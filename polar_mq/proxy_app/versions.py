@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..model import CaptureRecord
+from polar_mq.model import CaptureRecord
 
 if TYPE_CHECKING:
-    from ..pause_state import PauseState
-    from .vllm_wire import StreamAccumulator
+    from polar_mq.store.pause import PauseState
+    from polar_mq.proxy_app.upstream.vllm_wire import StreamAccumulator
 
 log = logging.getLogger("polar_mq.gateway.versions")
 

@@ -15,10 +15,10 @@ import logging
 import shutil
 import subprocess
 
-from ..model import RuntimeHandle
-from ..plugins import import_object
-from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, Runtime
+from polar_mq.model import RuntimeHandle
+from polar_mq._io.plugins import import_object
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.runtimes.base import ExecResult, Runtime
 
 log = logging.getLogger("polar_mq.runtimes")
 

@@ -32,11 +32,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from ..model import RuntimeHandle
-from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, OnStart
-from .local import base_env, kill_group, supervise
-from .orphans import owner_env
+from polar_mq.model import RuntimeHandle
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.runtimes.base import ExecResult, OnStart
+from polar_mq.runtimes.local import base_env, kill_group, supervise
+from polar_mq.runtimes.orphans import owner_env
 
 log = logging.getLogger("polar_mq.runtimes.apptainer")
 
@@ -66,7 +66,7 @@ class ApptainerRuntime:
 
     # ---- argv builders (what the tests check) ----------------------------------------------------
     def start_argv(self, spec: RuntimeSpec, sdir: Path, name: str) -> list[str]:
-        from ..harnesses.install import default_cache_dir
+        from polar_mq.harnesses.install import default_cache_dir
 
         argv = [self.binary, "instance", "start", "--containall", "--no-home", "--cleanenv", "--pid",
                 "--overlay", str(sdir / "overlay"), "--bind", f"{sdir}:{sdir}"]

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ..model import RuntimeHandle
-from ..tasks.taskspec import RuntimeSpec
+from polar_mq.model import RuntimeHandle
+from polar_mq.taskspec import RuntimeSpec
 
 
 @dataclass
@@ -67,7 +67,7 @@ def _tail_bytes(path: Path, limit: int) -> bytes:
 
 def tail(path: Path, limit: int = 4000) -> str:
     """The last `limit` bytes of a log, reaching into its previous file when it was just rotated
-    (polar_mq/logcap.py)."""
+    (polar_mq/runtimes/logcap.py)."""
     data = _tail_bytes(path, limit)
     if len(data) < limit:
         data = _tail_bytes(Path(f"{path}.1"), limit - len(data)) + data

@@ -33,12 +33,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..model import RuntimeHandle
-from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, OnStart
-from .local import LocalRuntime, base_env, kill_group, supervise
-from .netbridge import UnixRelay, sandbox_forwards
-from .session_guard import SessionGuard, key_from_urls
+from polar_mq.model import RuntimeHandle
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.runtimes.base import ExecResult, OnStart
+from polar_mq.runtimes.local import LocalRuntime, base_env, kill_group, supervise
+from polar_mq.runtimes.netbridge import UnixRelay, sandbox_forwards
+from polar_mq.runtimes.session_guard import SessionGuard, key_from_urls
 
 log = logging.getLogger("polar_mq.runtimes.bwrap")
 
@@ -50,7 +50,7 @@ def host_paths_under_tmp() -> list[str]:
     cache) that live under /tmp and would be hidden by the sandbox's private /tmp: they are
     bound back read-only. CI checkouts under /tmp are the usual case."""
     import polar_mq
-    from ..harnesses.install import default_cache_dir
+    from polar_mq.harnesses.install import default_cache_dir
 
     candidates = {sys.prefix, sys.base_prefix, str(Path(polar_mq.__file__).resolve().parents[1]),
                   str(default_cache_dir())}
@@ -66,7 +66,7 @@ def hidden_host_paths() -> list[str]:
     and /run (the docker socket and other daemons' unix sockets, reachable without a network)."""
     import os
 
-    from ..settings import GatewaySettings, PipelineSettings, polar_home
+    from polar_mq.settings import GatewaySettings, PipelineSettings, polar_home
 
     pipeline = PipelineSettings.from_env()
     cache = Path.home() / ".cache" / "polar_mq"

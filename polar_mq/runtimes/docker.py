@@ -51,11 +51,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..logcap import RotatingLog
-from ..model import RuntimeHandle
-from ..settings import DockerSettings
-from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, OnStart, tail
+from polar_mq.runtimes.logcap import RotatingLog
+from polar_mq.model import RuntimeHandle
+from polar_mq.settings import DockerSettings
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.runtimes.base import ExecResult, OnStart, tail
 
 log = logging.getLogger("polar_mq.runtimes.docker")
 
@@ -124,7 +124,7 @@ class DockerRuntime:
         except NotFound:
             pass
         volumes = {str(sdir): {"bind": str(sdir), "mode": "rw"}}
-        from ..harnesses.install import default_cache_dir
+        from polar_mq.harnesses.install import default_cache_dir
 
         cache = default_cache_dir()  # created now: a CLI installed later at run time shows up
         try:
@@ -246,8 +246,8 @@ class DockerRuntime:
     def _bridge(self, handle: RuntimeHandle, container):
         if handle.network != "none":
             return None
-        from .netbridge import NetnsBridge, sandbox_forwards
-        from .session_guard import SessionGuard, key_from_urls
+        from polar_mq.runtimes.netbridge import NetnsBridge, sandbox_forwards
+        from polar_mq.runtimes.session_guard import SessionGuard, key_from_urls
 
         local = sandbox_forwards(handle.gateway_urls)  # remote gateways too
         if not local:
@@ -328,7 +328,7 @@ class DockerRuntime:
 
 def sweep(store, client=None) -> list[str]:
     """Remove containers of sessions that are terminal or unknown to `store`; returns their names."""
-    from .. import states
+    from polar_mq import states
 
     client = client or docker_client(timeout=10)
     removed = []

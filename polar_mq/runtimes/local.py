@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..logcap import RotatingLog, pump
-from ..model import RuntimeHandle
-from ..tasks.taskspec import RuntimeSpec
-from .base import ExecResult, OnStart, tail
-from .orphans import owner_env
+from polar_mq.runtimes.logcap import RotatingLog, pump
+from polar_mq.model import RuntimeHandle
+from polar_mq.taskspec import RuntimeSpec
+from polar_mq.runtimes.base import ExecResult, OnStart, tail
+from polar_mq.runtimes.orphans import owner_env
 
 _PR_SET_PDEATHSIG = 1
 

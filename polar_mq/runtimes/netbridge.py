@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from .session_guard import guarded_relay
+from polar_mq.runtimes.session_guard import guarded_relay
 
 log = logging.getLogger("polar_mq.netbridge")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..model import RuntimeHandle
+from polar_mq.model import RuntimeHandle
 
 log = logging.getLogger("polar_mq.orphans")
 
@@ -158,8 +158,8 @@ def _append_event(store, session_id: str, entry: dict[str, Any]) -> None:
     other's result); its `updated_at` is left alone (the janitor's takeover clock)."""
     import redis
 
-    from ..model import SessionRecord
-    from ..store import pack, unpack
+    from polar_mq.model import SessionRecord
+    from polar_mq.store.core import pack, unpack
 
     key = store.keys.session(session_id)
     while True:

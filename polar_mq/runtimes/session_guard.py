@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
-from ..tokens import bearer, equal
+from polar_mq.auth import bearer, equal
 
 MAX_HEAD = 64 * 1024
 KEY_IN_URL = re.compile(r"/s/([^/?#]+)")

@@ -268,8 +268,8 @@ def test_first_chunk_prompt_ids_take_the_text_path(path, vllm_url, standin_url):
     compactly, as vLLM writes them: both servers' raw first chunks must take that path (else the
     stand-in would benchmark a gateway that parses 29k ints real vLLM never makes it parse)."""
     from polar_mq.proxy_app import fastjson
-    from polar_mq.proxy_app.vllm_wire import _prompt_ids, load_answer
-    from polar_mq.token_ids import TokenIds
+    from polar_mq.proxy_app.upstream.vllm_wire import _prompt_ids, load_answer
+    from polar_mq._io.token_ids import TokenIds
 
     if path == "/v1/chat/completions":
         extra = {"messages": ASK}

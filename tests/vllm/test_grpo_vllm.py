@@ -1,7 +1,7 @@
 """The reward-rising GRPO run (examples/grpo) in CI: real vLLM, the whole polar_mq pipeline, the CPU
 trainer, in-place weight sync — and the mean reward must rise beyond sampling noise.
 
-Everything is real: dataset rows -> tasks with num_samples (``polar_mq.datasets``), the shell
+Everything is real: dataset rows -> tasks with num_samples (``polar_mq.rl.datasets``), the shell
 harness running the openai-SDK agent through the gateway at temperature 1, ids + logprobs captured,
 prefix_merging, the test_runner grader, ``Client.groups()``, the trainer's clipped-ratio update
 against the recorded vLLM logprobs, the weights reloaded into the running vLLM with the next

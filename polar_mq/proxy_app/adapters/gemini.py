@@ -31,12 +31,12 @@ import json
 import re
 from typing import Any, Callable, Iterator
 
-from .base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, checked,
+from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, checked,
                    dump_arguments, invalid, parse_arguments, replayed, sse)
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
-from .base import error_in_stream as error_in_stream
-from ..shared_values import SHARED
-from .reasoning import decode_reasoning, encode_reasoning
+from polar_mq.proxy_app.adapters.base import error_in_stream as error_in_stream
+from polar_mq.proxy_app.shared_values import SHARED
+from polar_mq.proxy_app.adapters.reasoning import decode_reasoning, encode_reasoning
 
 PROVIDER = "gemini"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import GatewayError
+from polar_mq.proxy_app.adapters.base import GatewayError
 
 # Error kind -> (type, code), as OpenAI spells them.
 ERROR_TYPES: dict[str, tuple[str, str | None]] = {

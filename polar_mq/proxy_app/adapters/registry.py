@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, cast
 
-from ...model import PROVIDERS
-from .base import Adapter
+from polar_mq.model import PROVIDERS
+from polar_mq.proxy_app.adapters.base import Adapter
 
 ADAPTERS: dict[str, Adapter] = {
     name: cast(Adapter, import_module(f"{__package__}.{name}")) for name in PROVIDERS}
@@ -24,6 +24,6 @@ def adapter(provider: str) -> Adapter:
 
 
 if TYPE_CHECKING:  # the static conformance check: each module is an Adapter as written
-    from . import anthropic, gemini, openai_chat, openai_responses
+    from polar_mq.proxy_app.adapters import anthropic, gemini, openai_chat, openai_responses
 
     _CHECKED: tuple[Adapter, ...] = (anthropic, gemini, openai_chat, openai_responses)

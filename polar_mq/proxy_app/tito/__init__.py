@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...model import CaptureRecord
-from ...store import GatewayStore, StoreUnavailable
-from ..adapters.base import ChatRequest
-from ..upstream import UpstreamPool
-from .index import SessionIndex
-from .prompt import TailError, continued_prompt
-from .route import TitoRoute
-from .tokenizer import LocalTokenizer, TokenizerError, load
+from polar_mq.model import CaptureRecord
+from polar_mq.store.core import GatewayStore, StoreUnavailable
+from polar_mq.proxy_app.adapters.base import ChatRequest
+from polar_mq.proxy_app.upstream.pool import UpstreamPool
+from polar_mq.proxy_app.tito.index import SessionIndex
+from polar_mq.proxy_app.tito.prompt import TailError, continued_prompt
+from polar_mq.proxy_app.tito.route import TitoRoute
+from polar_mq.proxy_app.tito.tokenizer import LocalTokenizer, TokenizerError, load
 
 log = logging.getLogger("polar_mq.tito")
 

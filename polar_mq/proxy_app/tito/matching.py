@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...model import CaptureRecord
+from polar_mq.model import CaptureRecord
 
 SYSTEM_ROLES = ("system", "developer")
 

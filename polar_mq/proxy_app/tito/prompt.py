@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...model import CaptureRecord
-from .tokenizer import LocalTokenizer
+from polar_mq.model import CaptureRecord
+from polar_mq.proxy_app.tito.tokenizer import LocalTokenizer
 
 SENTINEL = "\u2063polar-tito-sentinel\u2063"
 

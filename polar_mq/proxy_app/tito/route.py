@@ -21,10 +21,10 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from ..adapters.base import ChatResult
-from ..upstream import COMPLETIONS_PATH, IDLE, UpstreamPool, UpstreamStream, normalise_message
-from .parse import StreamParser, parse_text, to_message
-from .tokenizer import LocalTokenizer
+from polar_mq.proxy_app.adapters.base import ChatResult
+from polar_mq.proxy_app.upstream.pool import COMPLETIONS_PATH, IDLE, UpstreamPool, UpstreamStream, normalise_message
+from polar_mq.proxy_app.tito.parse import StreamParser, parse_text, to_message
+from polar_mq.proxy_app.tito.tokenizer import LocalTokenizer
 
 # chat parameters that mean nothing to /v1/completions, or that the route sets itself
 _CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",

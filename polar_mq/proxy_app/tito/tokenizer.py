@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ...model_server.tokenizer import _compile_template, _prepare_message
+from polar_mq.dev.model_server.tokenizer import _compile_template
+from polar_mq.dev.model_server.tokenizer import _prepare_message
 
 
 class TokenizerError(Exception):

@@ -1,0 +1,218 @@
+"""The provider endpoints (Anthropic Messages, OpenAI Chat and Responses, their token counts) as a
+plain WSGI layer in front of the Flask app, which keeps everything else (sessions API, Gemini,
+health, metrics, token text, and every request this layer does not take).
+
+Why: Flask and werkzeug per request (request context, URL map, before-request hooks, the
+Response object, jsonify with the stdlib encoder) were ~15% of the gateway worker's CPU on a
+call (py-spy --gil, bench/bench_gateway.py); the provider endpoints need none of it. This layer
+does exactly what app.py's `provider_route` does — key from the /s/<key> prefix or the SDK's
+header, cached key resolution, the body checks of `read_json`, `Gateway.generate` /
+`count_tokens`, errors in the provider's shape, an unexpected exception logged and answered
+as app.py's error handler answers it — and serialises replies with orjson (compact UTF-8 JSON,
+key order kept; the stdlib's ASCII escapes are the only difference on the wire).
+
+It takes only POSTs to those exact paths with a Content-Length (a chunked upload goes through
+Flask, whose MAX_CONTENT_LENGTH handling it relies on) and leaves all else to Flask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import parse_qsl
+
+import orjson
+
+from polar_mq.auth import redact
+from polar_mq.proxy_app import fastjson
+from polar_mq.proxy_app.adapters.base import GatewayError
+from polar_mq.proxy_app.calls import client_socket
+from polar_mq.proxy_app.core import CallContext, Gateway, JsonReply, StreamReply, adapter, error_reply
+
+log = logging.getLogger("polar_mq.gateway")
+
+# path (after an optional /s/<key> prefix) -> (provider, whether it counts tokens)
+ROUTES: dict[str, tuple[str, bool]] = {
+    "/v1/messages": ("anthropic", False),
+    "/v1/messages/count_tokens": ("anthropic", True),
+    "/v1/chat/completions": ("openai_chat", False),
+    "/chat/completions": ("openai_chat", False),
+    "/v1/responses": ("openai_responses", False),
+    "/v1/responses/input_tokens": ("openai_responses", True),
+}
+
+
+def provider_path(path: str) -> tuple[str | None, str, bool] | None:
+    """(key from a /s/<key> prefix, provider, whether it counts tokens) for a path this layer
+    serves, else None. Shared with lean_worker.py, which must take exactly these paths."""
+    key = None
+    if path.startswith("/s/"):
+        key, sep, rest = path[3:].partition("/")
+        if not key or not sep:
+            return None
+        path = "/" + rest
+    found = ROUTES.get(path)
+    if found is None:
+        return None
+    return key, found[0], found[1]
+
+
+_STATUS_LINES: dict[int, str] = {}
+
+
+def _status(code: int) -> str:
+    line = _STATUS_LINES.get(code)
+    if line is None:  # HTTPStatus(code) builds an enum lookup per reply: once per code instead
+        try:
+            line = f"{code} {HTTPStatus(code).phrase}"
+        except ValueError:
+            line = f"{code} UNKNOWN"
+        if len(_STATUS_LINES) < 1000:
+            _STATUS_LINES[code] = line
+    return line
+
+
+def _json(body: Any) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # what orjson cannot write (a >64-bit int, a non-str key): the stdlib's way
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+class ThenStore:
+    """A plain reply's body, and the storing of its record to complete once the server has
+    written it: the WSGI server calls `close()` after the body (and when writing it failed).
+    Why: the record's MULTI is sent before the reply; its answer is read while the client
+    already reads its own, so a call's latency does not include that Redis round trip (on this
+    2-core VM a round trip was ~0.3 ms: bench_gateway.py's bare proxy with and without two).
+    The next request on the connection is read only after `close()`, so a client's next call
+    finds its previous record stored (TITO reads it)."""
+
+    __slots__ = ("data", "_after")
+
+    def __init__(self, data: bytes, after: Callable[[], None]):
+        self.data = data
+        self._after: Callable[[], None] | None = after
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((self.data,))
+
+    def close(self) -> None:
+        after, self._after = self._after, None
+        if after is not None:
+            after()
+
+
+# WSGI environ key: the request body is already in memory (the lean worker read it whole).
+BODY_IN_MEMORY = "polar.body_in_memory"
+
+
+class FastPath:
+    """WSGI middleware: provider calls here, everything else to `app` (Flask's wsgi_app)."""
+
+    def __init__(self, app: Callable, gw: Gateway, max_body_bytes: int):
+        self.app = app
+        self.gw = gw
+        self.max_body_bytes = max_body_bytes
+
+    def route(self, environ: dict[str, Any]) -> tuple[str | None, str, bool] | None:
+        """(key from the URL, provider, count) for a request this layer takes, else None."""
+        if environ.get("REQUEST_METHOD") != "POST":
+            return None
+        if not environ.get("CONTENT_LENGTH") or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            return None
+        return provider_path(environ.get("PATH_INFO", ""))
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        routed = self.route(environ)
+        if routed is None:
+            return self.app(environ, start_response)
+        url_key, provider, count = routed
+        mod = adapter(provider)
+        try:
+            try:
+                reply = self.call(environ, url_key, provider, count)
+            except GatewayError as err:
+                reply = error_reply(mod, err)
+        except Exception as exc:  # as app.py's errorhandler(Exception)
+            path = environ.get("PATH_INFO", "")
+            log.exception("unhandled error on %s", redact(path))
+            reply = error_reply(mod, GatewayError(
+                "internal", f"gateway internal error: {type(exc).__name__}: {redact(str(exc))}"))
+        if isinstance(reply, StreamReply):
+            start_response("200 OK", [("Content-Type", reply.content_type), *reply.headers.items()])
+            return reply.frames
+        try:
+            data = _json(reply.body)
+            start_response(_status(reply.status), [("Content-Type", "application/json"),
+                                                   ("Content-Length", str(len(data))), *reply.headers.items()])
+        except BaseException:
+            if reply.after is not None:
+                reply.after()
+            raise
+        if reply.after is not None:
+            return ThenStore(data, reply.after)
+        return [data]
+
+    def call(self, environ: dict[str, Any], url_key: str | None, provider: str,
+             count: bool) -> JsonReply | StreamReply:
+        gw = self.gw
+        session_key = url_key or self.header_key(environ)
+        sid, cached = gw.resolve(session_key)
+        if count:
+            return gw.count_tokens(provider, sid, self.read_json(environ))
+        # The admission script goes out before the body is parsed and converted; its answer is
+        # read after (core.Gateway.enter), so Redis works while this process does. A body still
+        # to come off the socket (not the lean worker's) is read first: a slow upload must not
+        # hold one of the gateway's Redis connections.
+        buffered = environ.get(BODY_IN_MEMORY, False)
+        body = None if buffered else self.read_json(environ)
+        entry = gw.admit_early(sid, session_key if cached else None)
+        try:
+            if body is None:
+                body = self.read_json(environ)
+            context = CallContext(retry_count=_int(environ.get("HTTP_X_STAINLESS_RETRY_COUNT")),
+                                  client_socket=client_socket(environ),
+                                  cached_key=session_key if cached else None, defer_store=True, entry=entry)
+        except BaseException:
+            gw.withdraw(entry)
+            raise
+        return gw.generate(provider, sid, body, context=context)
+
+    @staticmethod
+    def header_key(environ: dict[str, Any]) -> str | None:
+        """app.request_key without a URL key: the SDK's API-key header, bearer token or ?key=."""
+        for name in ("HTTP_X_API_KEY", "HTTP_X_GOOG_API_KEY"):
+            if environ.get(name):
+                return environ[name]
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        query = environ.get("QUERY_STRING")
+        if query:
+            for name, value in parse_qsl(query, keep_blank_values=True):
+                if name == "key":
+                    return value
+        return None
+
+    def read_json(self, environ: dict[str, Any]) -> dict[str, Any]:
+        """app.read_json on the WSGI input."""
+        max_bytes = self.max_body_bytes
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > max_bytes:
+            raise GatewayError("too_large", f"request body of {length} bytes exceeds "
+                               f"the gateway limit of {max_bytes} bytes")
+        data = environ["wsgi.input"].read(length) if length > 0 else b""
+        return fastjson.request_object(data)

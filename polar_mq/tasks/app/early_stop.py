@@ -1,0 +1,80 @@
+"""Early stop: once `early_stop_min_usable_sessions` sessions of a task are graded without ERROR,
+its other sessions are cancelled exactly as `DELETE /v1/tasks/<id>` cancels them.
+
+The task's cancel flag is the one DELETE sets, written with the value `early_stop` (SET NX: a
+user's cancel that came first stays a user cancel), so every stage stops those sessions the way
+it stops a cancelled task: queued ones end at once (ERROR, "cancelled"), a running harness is
+stopped by its cancel watch and its partial trajectory is built from the calls it made. Each
+session that ends "cancelled" under this flag is labelled `metadata.early_stopped: true` and
+counted in a per-task set the group (`GET /v1/groups/next`, `early_stopped`) reads.
+Guarded by tests/test_early_stop.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from polar_mq import states
+from polar_mq.model import SessionRecord, Trajectory
+
+if TYPE_CHECKING:
+    from polar_mq.tasks.app.context import StageContext
+    from polar_mq.store.pipeline import PipelineStore
+    from polar_mq.taskspec import TaskRequest
+
+EARLY_STOP = b"early_stop"  # the cancel flag's value when early stop (not a user) set it
+CANCELLED = "cancelled"  # the error DELETE gives a cancelled session
+
+
+def stopped_key(store: PipelineStore, task_id: str) -> str:
+    """Set of the task's session ids that early stop cancelled (expires with the task's keys)."""
+    return f"{store.keys.prefix}:task:{task_id}:early_stopped"
+
+
+def usable(records: Iterable[SessionRecord]) -> int:
+    """Sessions graded without ERROR (COMPLETED or TIMEOUT: both carry a reward a trainer can use)."""
+    return sum(1 for r in records if states.is_terminal(r.state) and r.state != states.ERROR)
+
+
+def is_early_stop(store: PipelineStore, task_id: str) -> bool:
+    return store.r.get(store.keys.task_cancelled(task_id)) == EARLY_STOP
+
+
+def after_graded(ctx: StageContext, task: TaskRequest, rec: SessionRecord) -> bool:
+    """Called once a session's grade is stored and its state terminal: if the task now has enough
+    usable sessions, stop the rest. True when this call stopped them (once per task)."""
+    n = task.early_stop_min_usable_sessions
+    if not n or rec.state == states.ERROR:
+        return False
+    store = ctx.store
+    records = store.get_sessions(store.session_ids(task.task_id))
+    if usable(records) < n or all(states.is_terminal(r.state) for r in records):
+        return False
+    if not store.r.set(store.keys.task_cancelled(task.task_id), EARLY_STOP, nx=True):
+        return False  # already stopped, or cancelled by a user
+    # As DELETE does: queued sessions end now; the stages stop the others on the cancel flag.
+    from polar_mq.tasks.app.endings import finish_early
+
+    for other in records:
+        if other.state == states.REGISTERED:
+            finish_early(ctx, other, task, states.ERROR, CANCELLED, expect={states.REGISTERED})
+    return True
+
+
+def label(store: PipelineStore, traj: Trajectory, error: str | None) -> None:
+    """Mark a trajectory cancelled by early stop (its partial calls are kept as built)."""
+    if error != CANCELLED or not traj.task_id or not is_early_stop(store, traj.task_id):
+        return
+    traj.metadata["early_stopped"] = True
+    store.r.sadd(stopped_key(store, traj.task_id), traj.session_id)
+
+
+def stopped(store: PipelineStore, task_id: str) -> set[str]:
+    return {m.decode() if isinstance(m, bytes) else str(m) for m in store.r.smembers(stopped_key(store, task_id))}
+
+
+def view(store: PipelineStore, task_id: str) -> dict[str, Any]:
+    """The task status' fields: `cancelled` (by a user) and `early_stopped` (how many sessions)."""
+    flag = store.r.get(store.keys.task_cancelled(task_id))
+    return {"cancelled": flag is not None and flag != EARLY_STOP,
+            "early_stopped": int(store.r.scard(stopped_key(store, task_id)))}
