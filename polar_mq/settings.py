@@ -45,6 +45,17 @@ class TokenSettings:
                    gateway_token=env.get("POLAR_GATEWAY_TOKEN") or None,
                    token_file=polar_home() / "token")
 
+    def existing(self, role: str) -> str | None:
+        """The token a service (`role` "api" or "gateway") requires, without creating one: its own
+        variable, the other one, then the token file's content (None when there is none)."""
+        own, other = (self.api_token, self.gateway_token) if role == "api" else (self.gateway_token, self.api_token)
+        if own or other:
+            return own or other
+        try:
+            return self.token_file.read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
+
 
 @dataclass(frozen=True)
 class LogSettings:
@@ -210,10 +221,9 @@ class PipelineSettings:
         s.redis_url = env.get("POLAR_REDIS_URL") or s.redis_url
         s.gateway_url = env.get("POLAR_GATEWAY_URL") or s.gateway_url
         s.gateway_redis_url = env.get("POLAR_GATEWAY_REDIS_URL") or None
-        from polar_mq.auth import server_token  # the env variables, else the token file
-
-        s.gateway_token = server_token("gateway", create=False)
-        s.api_token = server_token("api", create=False)
+        tokens = TokenSettings.from_env()  # the env variables, else the token file
+        s.gateway_token = tokens.existing("gateway")
+        s.api_token = tokens.existing("api")
         s.ready_capacity = int(env.get("POLAR_READY_CAPACITY") or s.ready_capacity)
         s.lease_ttl = _env_float("POLAR_LEASE_TTL", s.lease_ttl)
         s.visibility_timeout = _env_float("POLAR_VISIBILITY_TIMEOUT", s.visibility_timeout)

@@ -39,7 +39,7 @@ def _serve_api(args: argparse.Namespace) -> int:
     from polar_mq.settings import PipelineSettings
 
     url, embedded = ensure_redis(args.redis)
-    from polar_mq.cli.commands import redact_url, redis_credentials_ok, service_token
+    from polar_mq.cli.common import redact_url, redis_credentials_ok, service_token
 
     if embedded:
         print(f"started embedded redis at {redact_url(url)}", flush=True)

@@ -23,7 +23,7 @@ import requests
 
 from polar_mq import auth as tokens
 from polar_mq.cli import slots
-from polar_mq.cli.commands import redact_url
+from polar_mq.cli.common import redact_url
 from polar_mq.cli.embedded_redis import ensure_redis, free_port, password_file
 from polar_mq.runtimes.logcap import RotatingLog, pump
 from polar_mq.settings import TokenSettings, polar_home

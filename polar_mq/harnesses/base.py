@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 
 from polar_mq.harnesses.limits import ModelLimits, resolve
+from polar_mq.harnesses.npm import HarnessPackage, resolve_bin
 
 # --- the interface --------------------------------------------------------------------------------
 
@@ -82,24 +83,6 @@ DEFAULT_LIMITS = resolve(None)
 PROVIDER_NAME = "polar"
 
 PathLike = Union[str, os.PathLike]
-
-
-@dataclasses.dataclass(frozen=True)
-class HarnessPackage:
-    """One pinned npm package and the executable it provides (install.py installs it)."""
-
-    name: str        # polar_mq harness name (TaskRequest agent.harness)
-    package: str     # npm package name
-    version: str     # pinned version
-    bin: str         # executable name under node_modules/.bin
-
-    @property
-    def spec(self) -> str:
-        return f"{self.package}@{self.version}"
-
-    @property
-    def dirname(self) -> str:
-        return f"{self.name}-{self.version}"
 
 
 @dataclasses.dataclass
@@ -214,8 +197,6 @@ class CliHarness:
         return type(self).configure(home, base_urls, key, model, instruction, **kwargs)
 
     def launch(self, ctx: HarnessContext) -> Launch:
-        from polar_mq.harnesses.install import resolve_bin
-
         opts = dict(ctx.options or {})
         unknown = sorted(set(opts) - OPTIONS)
         if unknown:
@@ -223,7 +204,7 @@ class CliHarness:
                              f"(known: {', '.join(sorted(OPTIONS))})")
         model_limits = resolve(ctx.max_model_len, opts, ctx.sampling)
         built = self.build(ctx.home, ctx.base_urls, ctx.key, ctx.model, ctx.instruction,
-                           api=opts.get("api"), bin=resolve_bin(self.name, opts), limits=model_limits)
+                           api=opts.get("api"), bin=resolve_bin(self.package, opts), limits=model_limits)
         argv = list(built.argv)
         turns = opts.get("max_turns")
         if turns is not None:

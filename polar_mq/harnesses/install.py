@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from polar_mq.harnesses.base import HarnessPackage
+from polar_mq.harnesses.npm import (  # noqa: F401  (InstallError, npm_available: this module's interface)
+    HarnessPackage, InstallError, default_cache_dir, install_package, npm_available)
+from polar_mq.harnesses.npm import resolve_bin as npm_resolve_bin
 from polar_mq.harnesses.registry import packages
 
 
@@ -36,18 +35,6 @@ from polar_mq.harnesses.registry import packages
 PACKAGES: Dict[str, HarnessPackage] = packages()
 
 HARNESS_NAMES: List[str] = list(PACKAGES)
-
-
-class InstallError(RuntimeError):
-    """npm is missing or ``npm install`` failed."""
-
-
-def default_cache_dir() -> Path:
-    """``$POLAR_HARNESS_DIR`` if set, else ``~/.cache/polar_mq/harnesses``."""
-    env = os.environ.get("POLAR_HARNESS_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "polar_mq" / "harnesses"
 
 
 def _package(name: str) -> HarnessPackage:
@@ -73,49 +60,6 @@ def is_installed(name: str, cache_dir: Optional[os.PathLike] = None) -> bool:
     return p.exists() and os.access(p, os.X_OK)
 
 
-def npm_available() -> bool:
-    """True when both ``npm`` and ``node`` are on PATH."""
-    return shutil.which("npm") is not None and shutil.which("node") is not None
-
-
-def _install_one(pkg: HarnessPackage, cache: Path, timeout: float, quiet: bool) -> Path:
-    final = cache / pkg.dirname
-    target = final / "node_modules" / ".bin" / pkg.bin
-    if target.exists():
-        return target
-    if not npm_available():
-        raise InstallError("npm/node not found on PATH; install Node.js >= 20 to use real harnesses")
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.dirname}.", dir=cache))
-    cmd = [
-        "npm", "install", "--prefix", str(tmp), pkg.spec,
-        "--no-audit", "--no-fund", "--no-save", "--loglevel=error", "--no-update-notifier",
-    ]
-    env = dict(os.environ, npm_config_update_notifier="false", NO_UPDATE_NOTIFIER="1")
-    try:
-        proc = subprocess.run(
-            cmd, env=env, timeout=timeout, text=True,
-            stdout=subprocess.PIPE if quiet else None, stderr=subprocess.STDOUT if quiet else None,
-        )
-        if proc.returncode != 0:
-            out = (proc.stdout or "")[-4000:]
-            raise InstallError(f"{' '.join(cmd)} failed (exit {proc.returncode})\n{out}")
-        if not (tmp / "node_modules" / ".bin" / pkg.bin).exists():
-            raise InstallError(f"{pkg.spec} installed but provides no {pkg.bin!r} executable")
-        if final.exists() and not target.exists():
-            shutil.rmtree(final, ignore_errors=True)  # a broken earlier install
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # Another process finished first (final exists and is non-empty): keep theirs.
-            if not target.exists():
-                raise
-    except subprocess.TimeoutExpired as e:
-        raise InstallError(f"{' '.join(cmd)} timed out after {timeout:.0f}s") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def install(
@@ -136,21 +80,12 @@ def install(
             _package(m)
             if m not in wanted:
                 wanted.append(m)
-    return {n: _install_one(PACKAGES[n], cache, timeout, quiet) for n in wanted}
+    return {n: install_package(PACKAGES[n], cache, timeout, quiet) for n in wanted}
 
 
 def resolve_bin(name: str, options: Mapping[str, Any]) -> str:
-    """The CLI executable: ``options.bin``, else the pinned install (installed now if missing)."""
-    if options.get("bin"):
-        return str(options["bin"])
-    cache = options.get("install_dir")
-    if is_installed(name, cache):
-        return str(bin_path(name, cache))
-    try:
-        return str(install([name], cache)[name])
-    except InstallError as exc:
-        raise RuntimeError(f"harness {name!r} is not installed and could not be installed: {exc}. "
-                           f"Run `polar-mq harness install {name}` on the worker host.") from exc
+    """The CLI executable of harness `name`: ``options.bin``, else the pinned install."""
+    return npm_resolve_bin(_package(name), options)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -23,7 +23,7 @@ from flask import Flask, Response, jsonify, request
 from polar_mq.store import replies
 
 if TYPE_CHECKING:
-    from polar_mq.proxy_app.web.app import Gateway
+    from polar_mq.proxy_app.core import Gateway
 
 log = logging.getLogger("polar_mq.token_text")
 

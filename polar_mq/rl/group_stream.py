@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
-from polar_mq.rl.advantages import group_advantages, method_name, unusable_reason
 from polar_mq.model import Group
+from polar_mq.rl.advantages import group_advantages, method_name, unusable_reason
 
-if TYPE_CHECKING:  # pragma: no cover
-    from polar_mq.client import Client
+
+class GroupSource(Protocol):
+    """What a stream needs of the rollout API (`polar_mq.client.Client` is one)."""
+
+    def next_groups(self, limit: int = 1, wait: float = 0.0, lease: float = 300.0) -> list[dict[str, Any]]: ...
+
+    def ack_group(self, task_id: str, reason: str | None = None) -> dict[str, Any]: ...
+
+    def admin_status(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -54,7 +61,7 @@ def staleness(group: Group, current: int | None) -> int | None:
 
 
 class GroupStream:
-    def __init__(self, client: "Client", *, batch: int = 1, wait: float = 30.0, lease: float = 300.0,
+    def __init__(self, client: GroupSource, *, batch: int = 1, wait: float = 30.0, lease: float = 300.0,
                  max_staleness: int | None = None, stale: str = "drop",
                  policy_version: int | Callable[[], int | None] | None = None,
                  drop_unusable: bool = True, drop_uniform_reward: bool = False,

@@ -18,6 +18,7 @@ from flask import Response, g, redirect, request
 
 from polar_mq.api.roles import TokenStore, digest, rule
 from polar_mq.api.problems import Problem
+from polar_mq.api.ui.pages import static_text
 
 PREFIX = "/ui"
 COOKIE = "polar_mq_ui"
@@ -39,8 +40,6 @@ def _bearer() -> str | None:
 
 
 def sign_in_page(message: str) -> Response:
-    from polar_mq.api.ui.routes import static_text
-
     html = static_text("signin.html").replace("{{message}}", message)
     return Response(html, status=401, mimetype="text/html")
 

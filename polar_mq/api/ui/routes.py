@@ -10,7 +10,6 @@ from the gateway over HTTP (`ui_gateway`).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Flask, Response, jsonify, request, send_from_directory
@@ -24,16 +23,12 @@ from polar_mq.tasks.app import early_stop
 from polar_mq.api.context import ctx
 from polar_mq.api.problems import Problem, not_found
 from polar_mq.api.ui.gateway import GatewayReader, GatewayUnavailable
+from polar_mq.api.ui.pages import STATIC, static_text
 
-STATIC = Path(__file__).resolve().parent / "static"
 bp = Blueprint("ui", __name__, url_prefix=ui_auth.PREFIX)
 bp.after_request(ui_auth.after_request)
 _OVERVIEW_POOLS_TTL = 5.0
 _pools_cache: dict[str, Any] = {"at": 0.0, "value": None}
-
-
-def static_text(name: str) -> str:
-    return (STATIC / name).read_text(encoding="utf-8")
 
 
 def register(app: Flask) -> None:

@@ -46,7 +46,7 @@ from polar_mq.model import PROVIDERS
 
 if TYPE_CHECKING:
     from polar_mq.model import CaptureRecord
-    from polar_mq.proxy_app.web.app import Gateway
+    from polar_mq.proxy_app.core import Gateway
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 600)

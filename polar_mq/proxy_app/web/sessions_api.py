@@ -16,7 +16,7 @@ from polar_mq import auth as tokens
 from polar_mq.store.core import StoreUnavailable
 
 if TYPE_CHECKING:
-    from polar_mq.proxy_app.web.app import Gateway
+    from polar_mq.proxy_app.core import Gateway
 
 
 def problem(status: int, title: str, detail: str) -> Response:
