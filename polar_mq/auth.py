@@ -14,18 +14,17 @@ import hashlib
 import hmac
 import logging
 import os
-import re
 import secrets
 import sys
 from pathlib import Path
 
+from polar_mq._io.redact import RedactingFilter, redact  # noqa: F401  (part of this module's interface)
 from polar_mq.settings import TokenSettings
 
 log = logging.getLogger("polar_mq.auth")
 
 SIGNATURE_HEADER = "X-Polar-Signature"  # "sha256=<hex HMAC-SHA256 of "<timestamp>.<raw body>", keyed by the callback secret>"
 TIMESTAMP_HEADER = "X-Polar-Timestamp"
-_KEY_PATTERN = re.compile(r"pmq-[A-Za-z0-9_-]{6,}")
 
 
 def generate() -> str:
@@ -103,22 +102,6 @@ def bearer(header: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value."""
     scheme, _, token = (header or "").partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-def redact(text: str) -> str:
-    """`text` with every session key shortened to its first characters (logs, error messages)."""
-    return _KEY_PATTERN.sub(lambda m: m.group(0)[:8] + "…", text)
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that redacts session keys (werkzeug's request lines name /s/<key>/...)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        return True
 
 
 def sign(body: bytes, token: str, timestamp: str) -> str:

@@ -33,7 +33,7 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
     if dev:
         import logging
 
-        from polar_mq.auth import RedactingFilter
+        from polar_mq._io.redact import RedactingFilter
 
         logging.getLogger("werkzeug").addFilter(RedactingFilter())  # request lines name /s/<key>
         print(f"polar_mq {name} (dev server) on http://{host}:{port}", flush=True)

@@ -26,9 +26,11 @@ import shutil
 import sys
 import tempfile
 import threading
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from polar_mq.proxy_app.tito.chat_template import compile_template as _compile_template
+from polar_mq.proxy_app.tito.chat_template import prepare_message as _prepare_message
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -382,68 +384,6 @@ class ChatTokenizer:
         **kw: Any,
     ) -> list[int]:
         return self.encode(self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kw))
-
-
-def _prepare_message(m: dict) -> dict:
-    """Like vLLM: tool-call ``arguments`` given as JSON strings are parsed to objects."""
-    if not isinstance(m, dict) or not m.get("tool_calls"):
-        return m
-    out = dict(m)
-    calls = []
-    for tc in m["tool_calls"] or []:
-        tc = dict(tc)
-        fn = tc.get("function")
-        if isinstance(fn, dict):
-            fn = dict(fn)
-            fn["arguments"] = _parse_args(fn.get("arguments"))
-            tc["function"] = fn
-        elif "arguments" in tc:
-            tc["arguments"] = _parse_args(tc.get("arguments"))
-        calls.append(tc)
-    out["tool_calls"] = calls
-    return out
-
-
-def _parse_args(args: Any) -> Any:
-    if args is None:
-        return {}
-    if isinstance(args, str):
-        if not args.strip():
-            return {}
-        try:
-            return json.loads(args)
-        except ValueError:
-            return args
-    return args
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise_exception(message: str) -> None:
-    from jinja2.exceptions import TemplateError
-
-    raise TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    import datetime
-
-    return datetime.datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=8)
-def _compile_template(source: str):
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
 
 
 _LOADED: dict[str, ChatTokenizer] = {}

@@ -15,8 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polar_mq.dev.model_server.tokenizer import _compile_template
-from polar_mq.dev.model_server.tokenizer import _prepare_message
+from polar_mq.proxy_app.tito.chat_template import compile_template, prepare_message
 
 
 class TokenizerError(Exception):
@@ -54,7 +53,7 @@ class LocalTokenizer:
         if not isinstance(template, str) or not template:
             raise TokenizerError(f"{path} has no chat template")
         self.chat_template = template
-        self._template = _compile_template(template)
+        self._template = compile_template(template)
         eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token")) or ""
         if not eos_token:
@@ -78,7 +77,7 @@ class LocalTokenizer:
         kw = {k: v for k, v in kwargs.items() if k not in ("messages", "tools", "add_generation_prompt")}
         kw.setdefault("bos_token", self.bos_token)
         kw.setdefault("eos_token", self.eos_token)
-        text: str = self._template.render(messages=[_prepare_message(m) for m in messages],
+        text: str = self._template.render(messages=[prepare_message(m) for m in messages],
                                           tools=tools or None, add_generation_prompt=add_generation_prompt,
                                           **kw)
         return text
