@@ -124,9 +124,6 @@ class GatewaySettings:
     check_token_ids: bool = True
     pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
     stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
-    # streams: the client's writer reads the upstream itself once the first events are out
-    # (core.Handover); False keeps a reader thread per stream to the end (the old way)
-    stream_handover: bool = True
     tito: str = "auto"  # token-in continuation: auto | on | off (proxy_app/tito)
     tokenizer: str | None = None  # the served model's tokenizer directory (needed for tito)
     # gunicorn worker model: gevent (one greenlet per connection: thousands of open streams per
@@ -152,7 +149,6 @@ class GatewaySettings:
             spool_dir=env.get("POLAR_SPOOL_DIR") or None,
             max_body_bytes=int(env.get("POLAR_MAX_BODY_BYTES") or 32 * 1024 * 1024),
             stream_passthrough=_env_on("POLAR_STREAM_PASSTHROUGH"),
-            stream_handover=_env_on("POLAR_STREAM_HANDOVER"),
             tito=env.get("POLAR_TITO") or "auto",
             tokenizer=env.get("POLAR_TOKENIZER") or None,
             worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",

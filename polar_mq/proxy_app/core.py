@@ -150,9 +150,9 @@ class Handover:
     through the channel, so that the writer's first-byte wait, early errors and pings while the
     pause holds the call work as before; then it hands the rest of the call's steps to the
     writer, which reads the upstream itself. Each frame then costs one thread instead of two
-    and no queue hop: under the gevent worker a hop was two more switches through the hub and a
-    Timeout per wait (bench/bench_stream_handover.py). The upstream read waits at most a ping
-    interval (idle mode: the writer pings when it is quiet, as it did when the queue was).
+    and no queue hop (under the gevent worker a hop is two more switches through the hub and a
+    Timeout per wait). The upstream read waits at most a ping interval (idle mode: the writer
+    pings when it is quiet). tests/test_stream_handover.py guards it.
     `close()` (the writer is done) makes a reader that has not handed over yet read to the end
     on its own, so the record is always finished by someone."""
 
@@ -437,7 +437,7 @@ class Gateway:
             reply.after = outcome.after
             return reply
         channel: queue.Queue = queue.Queue()
-        handover = Handover(channel, self.settings.ping_interval) if self.settings.stream_handover else None
+        handover = Handover(channel, self.settings.ping_interval)
         # One thread per streamed call (a greenlet under the gevent worker): a pool would cap
         # the open streams of a process at its size.
         threading.Thread(target=self.stream_call, args=(record, req, channel, inflight, route, ticket, handover),
@@ -457,8 +457,8 @@ class Gateway:
         self.registry.finish(inflight, stored=True)
 
     def stream_call(self, record: CaptureRecord, req: ChatRequest, channel: queue.Queue,
-                    inflight: Inflight, upstream: Any = None, ticket: Ticket | None = None,
-                    handover: "Handover | None" = None) -> None:
+                    inflight: Inflight, upstream: Any, ticket: Ticket | None,
+                    handover: "Handover") -> None:
         """Runs on a thread of its own (a greenlet under the gevent worker): the call's steps
         (`stream_steps`) into `channel`, until `handover` takes the reading over (then the
         client's writer runs the rest). Whatever goes wrong, the stream gets its last item (an
@@ -467,7 +467,7 @@ class Gateway:
         try:
             for item in steps:
                 if item[0] == "direct":
-                    if handover is not None and handover.give(steps, item[1]):
+                    if handover.give(steps, item[1]):
                         return
                     continue
                 channel.put(item)
@@ -544,7 +544,7 @@ class Gateway:
         yield ("error", error) if error is not None else ("finish", result)
 
     def stream(self, mod: Adapter, req: ChatRequest, channel: queue.Queue,
-               inflight: Inflight, handover: "Handover | None" = None) -> JsonReply | StreamReply:
+               inflight: Inflight, handover: "Handover") -> JsonReply | StreamReply:
         """A streamed answer. Headers wait up to first_byte_wait for the first upstream chunk so
         that early errors keep their HTTP status; after that, keep-alive pings flow whenever the
         upstream is quiet. Frames are written as the upstream's chunks arrive: from `channel`
@@ -555,8 +555,7 @@ class Gateway:
         except queue.Empty:
             first = None
         if first is not None and first[0] == "error" and not mod.error_in_stream(first[1]):
-            if handover is not None:
-                handover.close()  # the reader sent its last item: nothing was handed over
+            handover.close()  # the reader sent its last item: nothing was handed over
             return error_reply(mod, first[1])
         content_type = mod.stream_content_type(req)
         # Adapters whose clients choke on SSE comments (google-genai) supply their own keep-alive.
@@ -574,7 +573,7 @@ class Gateway:
             if not done:  # the client went away: nobody wants the rest of the generation
                 inflight.abort(CLIENT_GONE)
             # The record is written by whoever holds the steps: the reader thread, or here.
-            left = handover.close() if handover is not None else None
+            left = handover.close()
             for steps in (*taken, left):
                 if steps is not None:
                     finish_steps(steps)
