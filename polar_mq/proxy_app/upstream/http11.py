@@ -87,7 +87,10 @@ class _Conn:
 
 class Response:
     """An answer: status and headers read; the body as a whole (`content`) or piece by piece
-    (`read1`, decoded from the chunked framing). `raw` is the response itself (requests' shape)."""
+    (`read1`, decoded from the chunked framing). `raw` is the response itself (requests' shape).
+    It is a `transports.Reply` that can idle."""
+
+    can_idle = True
 
     def __init__(self, pool: "Http11Pool", conn: _Conn, status: int, reason: str,
                  headers: dict[str, str], keep_alive: bool):

@@ -22,6 +22,8 @@ import requests
 
 from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.upstream import http11
+from polar_mq.proxy_app.upstream.transports import (LeanTransport, ReadTimeout, Reply, RequestsReply, RequestsTransport,
+                                                    Transport, UpstreamTimeout, UpstreamUnreachable, transport_for)
 from polar_mq.proxy_app.adapters.base import ChatResult, GatewayError
 # The wire codec (pure) lives in vllm_wire.py; these names stay importable from here.
 from polar_mq.proxy_app.upstream.vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator, _prompt_ids,  # noqa: F401
@@ -87,7 +89,7 @@ class UpstreamStream:
     for bytes longer than the interval gives IDLE among the chunks instead of blocking on; the
     stream still fails as stalled once it was quiet for the pool's read timeout in all."""
 
-    def __init__(self, resp: requests.Response | http11.Response, url: str):
+    def __init__(self, resp: Reply, url: str):
         self.resp = resp
         self.url = url
         self.done = False
@@ -98,14 +100,13 @@ class UpstreamStream:
         self._stall = 0.0  # s: the read timeout the idle waits add up to
 
     def can_idle(self) -> bool:
-        """Whether idle mode works on this stream (the lean client: its read timeout leaves
-        the answer readable; urllib3's may not)."""
-        return isinstance(self.resp, http11.Response)
+        """Whether idle mode works on this stream (its transport's read timeout leaves the
+        answer readable: the lean client's does, urllib3's may not)."""
+        return self.resp.can_idle
 
     def idle_every(self, seconds: float) -> None:
         """Switch to idle mode (can_idle() must hold)."""
         resp = self.resp
-        assert isinstance(resp, http11.Response)
         self._stall = resp.read_timeout()
         self._idle = min(seconds, self._stall)
         resp.set_read_timeout(self._idle)
@@ -114,7 +115,7 @@ class UpstreamStream:
     def sees_socket(self) -> bool:
         """Whether ready() looks at the socket too (the lean client), so that not ready means the
         next read waits; urllib3 buffers what it read out of sight."""
-        return isinstance(self.resp, http11.Response)
+        return self.resp.can_idle
 
     def ready(self) -> bool:
         """Whether the next chunk is already here (parsed from the last read, or arrived on the
@@ -122,19 +123,18 @@ class UpstreamStream:
         in one frame, as the queue to the writer gathered it when a reader thread ran ahead."""
         if self._ready:
             return True
-        resp = self.resp
-        return isinstance(resp, http11.Response) and resp.arrived()
+        return self.resp.arrived()
 
     def _payloads(self) -> Iterator[bytes]:
-        raw: Any = self.resp.raw  # urllib3's HTTPResponse or http11.Response: both have read1
+        raw = self.resp
         ready = self._ready
         quiet = 0.0
         while True:
             while ready:
                 yield ready.popleft()
             try:
-                piece = raw.read1(65536) if hasattr(raw, "read1") else raw.read(1)
-            except http11.ReadTimeout:
+                piece = raw.read1(65536)
+            except ReadTimeout:
                 idle = self._idle
                 if idle is None:
                     raise
@@ -197,10 +197,9 @@ class UpstreamStream:
         """Done with the stream: after its [DONE] the rest of the body (the chunked terminator)
         is read briefly so the connection can serve the next call; otherwise it is closed (an
         unfinished generation is aborted upstream)."""
-        finish = getattr(self.resp, "finish_within", None)
-        if self.done and finish is not None:
+        if self.done:
             try:
-                finish(RELEASE_WAIT)
+                self.resp.finish_within(RELEASE_WAIT)
                 return
             except Exception:
                 pass
@@ -214,7 +213,7 @@ def _stream_failure(url: str, exc: BaseException) -> GatewayError:
     return GatewayError("upstream_error", f"upstream {url} stream broke: {text}")
 
 
-def error_message(resp: requests.Response | http11.Response) -> str:
+def error_message(resp: Reply) -> str:
     """The message of a vLLM error body (old flat shape or the newer {"error": {...}})."""
     try:
         body = resp.json()
@@ -284,11 +283,10 @@ class UpstreamPool:
         adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=1024)  # kept-alive connections reused per upstream (≥ the open streams)
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
-        # Generations go through the lean client (http11.py) to plain-http upstreams that no
-        # environment proxy applies to; https and proxied upstreams keep requests.
+        # Generations go through one transport per upstream, chosen here once (transports.py).
         self.lean = http11.Http11Pool(connect_timeout=connect_timeout, timeout=timeout, max_idle=1024)
-        self._lean = {u.root: u.root.startswith("http://") and not requests.utils.get_environ_proxies(u.root)
-                      for u in self.upstreams}
+        lean, plain = LeanTransport(self.lean), RequestsTransport(self.http, connect_timeout, timeout)
+        self.transports: dict[str, Transport] = {u.root: transport_for(u.root, lean, plain) for u in self.upstreams}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_retry: Callable[[str, GatewayError], None] | None = None  # live metrics (metrics.py)
@@ -323,28 +321,14 @@ class UpstreamPool:
         raise answered or last
 
     def _post(self, up: Upstream, body: dict[str, Any], *, stream: bool = False,
-              path: str = CHAT_PATH, headers: dict[str, str] = JSON_HEADERS) -> requests.Response | http11.Response:
-        if self._lean.get(up.root):
-            try:
-                resp = self.lean.request("POST", up.root, path, fastjson.dumps(body), headers)
-                if not stream:
-                    resp.content  # noqa: B018 - the whole answer now, as requests reads it
-                return resp
-            except http11.ReadTimeout:
-                raise GatewayError("upstream_timeout",
-                                   f"upstream {up.root} did not answer within {self.timeout:g} s") from None
-            except http11.HttpError as exc:
-                up.healthy, up.last_error = False, str(exc)
-                raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
-                             answered=False) from exc
+              path: str = CHAT_PATH, headers: dict[str, str] = JSON_HEADERS) -> Reply:
         try:
-            return self.http.post(f"{up.root}{path}", data=fastjson.dumps(body), headers=headers,
-                                  stream=stream, timeout=(self.connect_timeout, self.timeout))
-        except requests.exceptions.ReadTimeout:
+            return self.transports[up.root].post(up.root, path, fastjson.dumps(body), headers, stream=stream)
+        except UpstreamTimeout:
             # Retrying a generation that ran out of time would only double the load.
             raise GatewayError("upstream_timeout",
                                f"upstream {up.root} did not answer within {self.timeout:g} s") from None
-        except requests.exceptions.RequestException as exc:
+        except UpstreamUnreachable as exc:
             up.healthy, up.last_error = False, str(exc)
             raise _Retry(GatewayError("upstream_unavailable", f"upstream {up.root} unreachable: {exc}"),
                          answered=False) from exc
@@ -578,7 +562,7 @@ class UpstreamPool:
             if not resp.ok:
                 resp.close()
                 return None
-            stream = UpstreamStream(resp, up.root)
+            stream = UpstreamStream(RequestsReply(resp, 60), up.root)
             stream.start()
             acc = StreamAccumulator()
             for chunk in stream.chunks():
