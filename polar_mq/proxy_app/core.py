@@ -41,21 +41,6 @@ from polar_mq.proxy_app.versions import split_stream
 log = logging.getLogger("polar_mq.gateway")
 
 KEY_CACHE_SIZE = 65536  # session keys remembered per process (~150 B each)
-GEMINI_ACTIONS = {"generateContent": (False, False), "streamGenerateContent": (True, False),
-                  "countTokens": (False, True)}
-
-
-def provider_for_path(path: str) -> str:
-    """Which provider's error shape a path expects (used before routing succeeded, too)."""
-    if "/messages" in path:
-        return "anthropic"
-    if "/responses" in path:
-        return "openai_responses"
-    if "/models/" in path and ":" in path:
-        return "gemini"
-    return "openai_chat"
-
-
 @dataclass
 class Outcome:
     result: ChatResult | None

@@ -1,11 +1,12 @@
-"""The gateway's web layer (Flask): routes each provider API to the gateway core (core.py) and
-turns its replies into responses. The core does one upstream call and one record per call.
+"""The gateway's Flask app: everything but the provider calls (the sessions API, health, metrics,
+token text, model lists, Codex's WebSocket probe). The provider calls are FastPath's (fastpath.py,
+the endpoints of routes.py), installed here in front of Flask's WSGI app.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -14,11 +15,9 @@ from polar_mq.settings import GatewaySettings
 from polar_mq.store.wire import RedisWire
 from polar_mq.store.core import GatewayStore
 from polar_mq.auth import redact
-from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.adapters.base import GatewayError
-from polar_mq.proxy_app.calls import client_socket
-from polar_mq.proxy_app.core import (ADAPTERS, GEMINI_ACTIONS, CallContext, Gateway, JsonReply, Outcome,  # noqa: F401
-                   StreamReply, adapter, error_reply, provider_for_path)
+from polar_mq.proxy_app.core import Gateway, JsonReply, StreamReply, adapter, error_reply
+from polar_mq.proxy_app.web.routes import GEMINI_ACTIONS, provider_for_path
 from polar_mq.proxy_app.upstream.pool import UpstreamPool
 
 log = logging.getLogger("polar_mq.gateway")
@@ -36,36 +35,6 @@ def to_response(reply: JsonReply | StreamReply) -> Response:
 
 def error_response(mod, err: GatewayError) -> Response:
     return to_response(error_reply(mod, err))
-
-
-def _int(value: str | None) -> int:
-    try:
-        return int(value) if value else 0
-    except ValueError:
-        return 0
-
-
-def request_key(url_key: str | None) -> str | None:
-    """The session key: from the /s/<key> prefix, else from whatever header the SDK put it in."""
-    if url_key:
-        return url_key
-    for header in ("x-api-key", "x-goog-api-key"):
-        if request.headers.get(header):
-            return request.headers[header]
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.args.get("key")
-
-
-def read_json(max_bytes: int) -> dict[str, Any]:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise GatewayError("too_large", f"request body of {request.content_length} bytes exceeds "
-                           f"the gateway limit of {max_bytes} bytes")
-    data = request.get_data(cache=True)
-    if len(data) > max_bytes:
-        raise GatewayError("too_large", f"request body exceeds the gateway limit of {max_bytes} bytes")
-    return fastjson.request_object(data)
 
 
 def redis_client(url: str, max_connections: int = 512):
@@ -111,51 +80,9 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1024
     app.extensions["polar_gateway"] = gw
 
-    def provider_route(provider: str, action: Callable[..., JsonReply | StreamReply]):
-        def view(key: str | None = None, **kwargs: Any) -> Response:
-            try:
-                session_key = request_key(key)
-                sid, cached = gw.resolve(session_key)
-                context = CallContext(retry_count=_int(request.headers.get("x-stainless-retry-count")),
-                                      client_socket=client_socket(request.environ),
-                                      cached_key=session_key if cached else None)
-                body = read_json(settings.max_body_bytes)
-                return to_response(action(sid, body, context, **kwargs))
-            except GatewayError as err:
-                return error_response(adapter(provider), err)
-        return view
-
     def add(rule: str, endpoint: str, view, methods=("POST",), **options: Any) -> None:
         app.add_url_rule(rule, endpoint, view, methods=list(methods), **options)
         app.add_url_rule(f"/s/<key>{rule}", f"s_{endpoint}", view, methods=list(methods), **options)
-
-    add("/v1/messages", "anthropic", provider_route(
-        "anthropic", lambda sid, body, ctx: gw.generate("anthropic", sid, body, context=ctx)))
-    add("/v1/messages/count_tokens", "anthropic_count", provider_route(
-        "anthropic", lambda sid, body, ctx: gw.count_tokens("anthropic", sid, body)))
-    chat_view = provider_route("openai_chat", lambda sid, body, ctx: gw.generate("openai_chat", sid, body,
-                                                                                 context=ctx))
-    add("/v1/chat/completions", "chat", chat_view)
-    add("/chat/completions", "chat_nov1", chat_view)
-    add("/v1/responses", "responses", provider_route(
-        "openai_responses", lambda sid, body, ctx: gw.generate("openai_responses", sid, body, context=ctx)))
-    add("/v1/responses/input_tokens", "responses_count", provider_route(
-        "openai_responses", lambda sid, body, ctx: gw.count_tokens("openai_responses", sid, body)))
-
-    def gemini_action(sid: str, body: dict, ctx: CallContext, target: str) -> JsonReply | StreamReply:
-        model, _, action = target.rpartition(":")
-        if action not in GEMINI_ACTIONS or not model:
-            raise GatewayError("not_found", f"unknown Gemini method {target!r}; expected "
-                               f"<model>:generateContent, :streamGenerateContent or :countTokens")
-        stream, count = GEMINI_ACTIONS[action]
-        if count:
-            return gw.count_tokens("gemini", sid, body)
-        extra = {"alt": request.args.get("alt", "json")}
-        return gw.generate("gemini", sid, {"model": model, **body}, model=model, stream=stream, extra=extra,
-                           context=ctx)
-
-    add("/v1beta/models/<path:target>", "gemini_beta", provider_route("gemini", gemini_action))
-    add("/v1/models/<path:target>", "gemini_v1", provider_route("gemini", gemini_action))
 
     def responses_get(key: str | None = None) -> Response:
         # Codex first tries a WebSocket upgrade here; 426 makes it fall back to HTTP POST.
@@ -207,8 +134,7 @@ def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
         err = GatewayError("internal", f"gateway internal error: {type(exc).__name__}: {redact(str(exc))}")
         return error_response(adapter(provider_for_path(request.path)), err)
 
-    # Provider calls skip Flask (fastpath.py: the same handling as provider_route, without the
-    # per-request framework cost); everything else, and anything it does not take, is Flask's.
+    # Every provider call is FastPath's (fastpath.py, routes.py); everything else is Flask's.
     from polar_mq.proxy_app.web.fastpath import FastPath
     app.wsgi_app = FastPath(app.wsgi_app, gw, settings.max_body_bytes)  # type: ignore[method-assign]
     return app

@@ -1,18 +1,13 @@
-"""The provider endpoints (Anthropic Messages, OpenAI Chat and Responses, their token counts) as a
-plain WSGI layer in front of the Flask app, which keeps everything else (sessions API, Gemini,
-health, metrics, token text, and every request this layer does not take).
+"""Every provider call (the endpoints of routes.py: Anthropic Messages, OpenAI Chat and
+Responses, Gemini, their token counts) as a plain WSGI layer in front of the Flask app, which
+keeps everything else (sessions API, health, metrics, token text, model lists).
 
-Why: Flask and werkzeug per request (request context, URL map, before-request hooks, the
-Response object, jsonify with the stdlib encoder) were ~15% of the gateway worker's CPU on a
-call (py-spy --gil, bench/bench_gateway.py); the provider endpoints need none of it. This layer
-does exactly what app.py's `provider_route` does — key from the /s/<key> prefix or the SDK's
-header, cached key resolution, the body checks of `read_json`, `Gateway.generate` /
-`count_tokens`, errors in the provider's shape, an unexpected exception logged and answered
-as app.py's error handler answers it — and serialises replies with orjson (compact UTF-8 JSON,
-key order kept; the stdlib's ASCII escapes are the only difference on the wire).
-
-It takes only POSTs to those exact paths with a Content-Length (a chunked upload goes through
-Flask, whose MAX_CONTENT_LENGTH handling it relies on) and leaves all else to Flask.
+Why a layer of its own: the provider calls need none of Flask's per-request machinery (request
+context, URL map, hooks, Response objects, the stdlib JSON encoder), and they are the gateway's
+hot path (bench/bench_gateway.py). One decoder for all of them: the key from the /s/<key> prefix
+or the SDK's header, the body (sized or chunked, capped at the gateway limit), the client's retry
+count; errors in the provider's shape, an unexpected exception logged and answered in it too;
+replies serialised with orjson (compact UTF-8 JSON, key order kept).
 """
 
 from __future__ import annotations
@@ -30,34 +25,9 @@ from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.adapters.base import GatewayError
 from polar_mq.proxy_app.calls import client_socket
 from polar_mq.proxy_app.core import CallContext, Gateway, JsonReply, StreamReply, adapter, error_reply
+from polar_mq.proxy_app.web.routes import ProviderRoute, provider_route
 
 log = logging.getLogger("polar_mq.gateway")
-
-# path (after an optional /s/<key> prefix) -> (provider, whether it counts tokens)
-ROUTES: dict[str, tuple[str, bool]] = {
-    "/v1/messages": ("anthropic", False),
-    "/v1/messages/count_tokens": ("anthropic", True),
-    "/v1/chat/completions": ("openai_chat", False),
-    "/chat/completions": ("openai_chat", False),
-    "/v1/responses": ("openai_responses", False),
-    "/v1/responses/input_tokens": ("openai_responses", True),
-}
-
-
-def provider_path(path: str) -> tuple[str | None, str, bool] | None:
-    """(key from a /s/<key> prefix, provider, whether it counts tokens) for a path this layer
-    serves, else None. Shared with lean_worker.py, which must take exactly these paths."""
-    key = None
-    if path.startswith("/s/"):
-        key, sep, rest = path[3:].partition("/")
-        if not key or not sep:
-            return None
-        path = "/" + rest
-    found = ROUTES.get(path)
-    if found is None:
-        return None
-    return key, found[0], found[1]
-
 
 _STATUS_LINES: dict[int, str] = {}
 
@@ -124,23 +94,20 @@ class FastPath:
         self.gw = gw
         self.max_body_bytes = max_body_bytes
 
-    def route(self, environ: dict[str, Any]) -> tuple[str | None, str, bool] | None:
-        """(key from the URL, provider, count) for a request this layer takes, else None."""
+    def route(self, environ: dict[str, Any]) -> ProviderRoute | None:
+        """The provider call this request is, else None (then it is the Flask app's)."""
         if environ.get("REQUEST_METHOD") != "POST":
             return None
-        if not environ.get("CONTENT_LENGTH") or "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-            return None
-        return provider_path(environ.get("PATH_INFO", ""))
+        return provider_route(environ.get("PATH_INFO", ""))
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         routed = self.route(environ)
         if routed is None:
             return self.app(environ, start_response)
-        url_key, provider, count = routed
-        mod = adapter(provider)
+        mod = adapter(routed.provider)
         try:
             try:
-                reply = self.call(environ, url_key, provider, count)
+                reply = self.call(environ, routed)
             except GatewayError as err:
                 reply = error_reply(mod, err)
         except Exception as exc:  # as app.py's errorhandler(Exception)
@@ -163,12 +130,15 @@ class FastPath:
             return ThenStore(data, reply.after)
         return [data]
 
-    def call(self, environ: dict[str, Any], url_key: str | None, provider: str,
-             count: bool) -> JsonReply | StreamReply:
+    def call(self, environ: dict[str, Any], route: ProviderRoute) -> JsonReply | StreamReply:
         gw = self.gw
-        session_key = url_key or self.header_key(environ)
+        provider = route.provider
+        session_key = route.key or self.header_key(environ)
         sid, cached = gw.resolve(session_key)
-        if count:
+        if route.unknown is not None:
+            raise GatewayError("not_found", f"unknown Gemini method {route.unknown!r}; expected "
+                               f"<model>:generateContent, :streamGenerateContent or :countTokens")
+        if route.count:
             return gw.count_tokens(provider, sid, self.read_json(environ))
         # The admission script goes out before the body is parsed and converted; its answer is
         # read after (core.Gateway.enter), so Redis works while this process does. A body still
@@ -186,6 +156,10 @@ class FastPath:
         except BaseException:
             gw.withdraw(entry)
             raise
+        if route.model is not None:  # Gemini: the model and the method come from the path
+            alt = dict(parse_qsl(environ.get("QUERY_STRING") or "")).get("alt", "json")
+            return gw.generate(provider, sid, {"model": route.model, **body}, model=route.model,
+                               stream=route.stream, extra={"alt": alt}, context=context)
         return gw.generate(provider, sid, body, context=context)
 
     @staticmethod
@@ -205,14 +179,20 @@ class FastPath:
         return None
 
     def read_json(self, environ: dict[str, Any]) -> dict[str, Any]:
-        """app.read_json on the WSGI input."""
+        """The request's JSON object: a sized body read whole, a chunked one up to the limit."""
         max_bytes = self.max_body_bytes
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        if length > max_bytes:
-            raise GatewayError("too_large", f"request body of {length} bytes exceeds "
-                               f"the gateway limit of {max_bytes} bytes")
-        data = environ["wsgi.input"].read(length) if length > 0 else b""
+        sized = environ.get("CONTENT_LENGTH")
+        if sized:
+            try:
+                length = int(sized)
+            except ValueError:
+                length = 0
+            if length > max_bytes:
+                raise GatewayError("too_large", f"request body of {length} bytes exceeds "
+                                   f"the gateway limit of {max_bytes} bytes")
+            data = environ["wsgi.input"].read(length) if length > 0 else b""
+        else:  # chunked (or no body): the server decodes the framing
+            data = environ["wsgi.input"].read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise GatewayError("too_large", f"request body exceeds the gateway limit of {max_bytes} bytes")
         return fastjson.request_object(data)

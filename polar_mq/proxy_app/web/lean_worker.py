@@ -46,7 +46,8 @@ from gunicorn import SERVER, util
 from gunicorn.workers.ggevent import GeventWorker
 
 from polar_mq._io.fast_send import send_all
-from polar_mq.proxy_app.web.fastpath import BODY_IN_MEMORY, FastPath, provider_path
+from polar_mq.proxy_app.web.fastpath import BODY_IN_MEMORY, FastPath
+from polar_mq.proxy_app.web.routes import provider_route
 
 log = logging.getLogger("polar_mq.gateway")
 
@@ -338,5 +339,5 @@ def _no_write(data: bytes) -> None:
 
 
 def routes(path: str) -> bool:
-    """Whether FastPath serves a POST to `path` (fastpath.provider_path: the same paths)."""
-    return provider_path(path) is not None
+    """Whether FastPath serves a POST to `path` (routes.provider_route: the same paths)."""
+    return provider_route(path) is not None
