@@ -29,7 +29,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from polar_mq.store.wire import RedisWire, Sent
+from polar_mq.store.wire import PipelineWire, Replies, Wire
 from polar_mq.store.core import Keys
 
 # KEYS: key mapping, cancelled flag, session in-flight hash, paused flag, in-flight by gateway,
@@ -67,12 +67,12 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, client: Any, keys: Keys, gateway_id: str):
+    def __init__(self, client: Any, keys: Keys, gateway_id: str, wire: Wire | None = None):
         self.r = client
         self.keys = keys
         self.gateway_id = gateway_id
         self._enter = client.register_script(_ENTER)
-        self.wire: RedisWire | None = None  # set by the gateway (redis_wire.py)
+        self.wire: Wire = wire if wire is not None else PipelineWire(client)
 
     def _command(self, session_id: str, call_id: str, now: float, key: str | None) -> tuple[list[str], list[str]]:
         k = self.keys
@@ -91,11 +91,10 @@ class Admission:
         raised by `ticket()`, where `enter` would have raised it."""
         keys, args = self._command(session_id, call_id, now, key)
         entry = Entry(self, session_id, call_id, key, keys, args)
-        if self.wire is not None:
-            try:
-                entry._sent = self.wire.send([("EVALSHA", self._enter.sha, len(keys), *keys, *args)], 1)
-            except Exception as exc:
-                entry._error = exc
+        try:
+            entry._sent = self.wire.send([("EVALSHA", self._enter.sha, len(keys), *keys, *args)], 1)
+        except Exception as exc:
+            entry._error = exc
         return entry
 
     def leave(self, pipe: Any, session_id: str, call_id: str, counted: bool) -> None:
@@ -115,7 +114,7 @@ class Entry:
         self._admission = admission
         self.session_id, self.call_id, self.key = session_id, call_id, key
         self._keys, self._args = keys, args
-        self._sent: Sent | None = None
+        self._sent: Replies | None = None
         self._error: Exception | None = None
         self._ticket: Ticket | None = None
 
@@ -127,16 +126,13 @@ class Entry:
             raise self._error
         adm, keys, args = self._admission, self._keys, self._args
         try:
-            if self._sent is not None:
-                sent, self._sent = self._sent, None
-                reply = sent.replies()[0]
-                if isinstance(reply, NoScriptError):  # this Redis has not loaded it yet
-                    assert adm.wire is not None
-                    reply = adm.wire.execute("EVAL", _ENTER, len(keys), *keys, *args)
-                elif isinstance(reply, ResponseError):
-                    raise reply
-            else:  # no RedisWire (send_enter sent nothing): through the client
-                reply = adm._enter(keys=keys, args=args)
+            sent, self._sent = self._sent, None
+            assert sent is not None  # send_enter sent it, or kept its error
+            reply = sent.replies()[0]
+            if isinstance(reply, NoScriptError):  # this Redis has not loaded it yet
+                reply = adm.wire.execute("EVAL", _ENTER, len(keys), *keys, *args)
+            elif isinstance(reply, ResponseError):
+                raise reply
         except Exception as exc:
             self._error = exc
             raise

@@ -215,16 +215,14 @@ class Gateway:
         spool = settings.spool_dir or os.path.join(os.path.expanduser("~"), ".cache", "polar_mq", "spool")
         self.recorder = Recorder(store, spool)
         self._served_model = settings.served_model
-        self.pause = PauseGate(PauseState(store.r, store.keys), max_hold=settings.pause_max_hold,
+        self.pause = PauseGate(PauseState(store.r, store.keys, store.wire), max_hold=settings.pause_max_hold,
                                info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
-        # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 synthesises every
-        # stream from one non-streaming call instead (the old behaviour; benchmarks compare both).
+        # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 (or an upstream that
+        # does not stream token ids) synthesises a stream from one non-streaming call instead.
         self.passthrough = settings.stream_passthrough
         self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
         self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
-        self.admission = Admission(store.r, store.keys, self.pause.gateway_id)  # 2 round trips a call
-        self.admission.wire = store.wire
-        self.pause.state.wire = store.wire
+        self.admission = Admission(store.r, store.keys, self.pause.gateway_id, store.wire)  # 2 round trips a call
         self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
         self._keys_lock = short_lock()
         self.tito = Tito(settings.tito, settings.tokenizer, pool, store)

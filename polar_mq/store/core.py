@@ -18,7 +18,7 @@ from polar_mq.store import codec as record_codec
 from polar_mq.store import replies
 from polar_mq._io.locks import short_lock
 from polar_mq.model import CaptureRecord, GatewaySession, Trajectory
-from polar_mq.store.wire import RedisWire
+from polar_mq.store.wire import PipelineWire, RedisWire, Wire
 
 
 class Keys:
@@ -294,9 +294,10 @@ class Commands(list):
 class GatewayStore:
     """Sessions, session keys and capture records."""
 
-    def __init__(self, client: redis.Redis, keys: Keys | None = None, wire: RedisWire | None = None):
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, wire: Wire | None = None):
         self.r = client
-        self.wire = wire  # the gateway's per-call commands without redis-py's pool layers
+        # how per-call commands travel: RedisWire in the gateway, redis-py pipelines elsewhere
+        self.wire: Wire = wire if wire is not None else PipelineWire(client)
         self.keys = keys or Keys()
         self._known = KnownChunks()
         self._create = self.r.register_script(_CREATE_SESSION)
@@ -364,19 +365,11 @@ class GatewayStore:
             cmds.rpush(calls_key, blob)
         if also is not None:
             also(cmds)
-        if self.wire is None:
-            return RecordWrite(self, records, relied, used, results=self._transaction(cmds))
         return RecordWrite(self, records, relied, used, sent=self.wire.send_transaction(cmds))
 
     def _transaction(self, cmds: "Commands") -> list[Any]:
-        """One MULTI/EXEC: on the gateway's RedisWire when it has one (redis_wire.py), else a
-        redis-py pipeline. Replies in order; a command's error reply raises (ResponseError)
-        after the others ran, as a redis-py pipeline does."""
-        if self.wire is None:
-            pipe = self.r.pipeline(transaction=True)
-            for cmd in cmds:
-                pipe.execute_command(*cmd)
-            return list(pipe.execute())
+        """One MULTI/EXEC on the store's wire. Replies in order; a command's error reply raises
+        (ResponseError) after the others ran, as a redis-py pipeline does."""
         return _raise_errors(self.wire.transaction(cmds))
 
     @_guard
@@ -486,13 +479,9 @@ class GatewayStore:
     def cancelled_sessions(self, session_ids: list[str]) -> set[str]:
         if not session_ids:
             return set()
-        if self.wire is not None:  # the call watcher asks 4 times a second (redis_wire.py)
-            hits = _raise_errors(self.wire.run([("EXISTS", self.keys.session_cancelled(sid)) for sid in session_ids]))
-            return {sid for sid, hit in zip(session_ids, hits) if hit}
-        pipe = self.r.pipeline(transaction=False)
-        for sid in session_ids:
-            pipe.exists(self.keys.session_cancelled(sid))
-        return {sid for sid, hit in zip(session_ids, pipe.execute()) if hit}
+        # the call watcher asks 4 times a second: one round trip on the store's wire
+        hits = _raise_errors(self.wire.run([("EXISTS", self.keys.session_cancelled(sid)) for sid in session_ids]))
+        return {sid for sid, hit in zip(session_ids, hits) if hit}
 
     @_guard
     def session_bytes(self, session_id: str) -> int:

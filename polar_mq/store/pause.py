@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from polar_mq.store import replies
-from polar_mq.store.wire import RedisWire
+from polar_mq.store.wire import PipelineWire, Wire
 from polar_mq.store.core import Keys
 
 HEARTBEAT_INTERVAL = 1.0  # a gateway process beats this often
@@ -64,12 +64,12 @@ def version_log_key(policy_version_key: str) -> str:
 
 
 class PauseState:
-    def __init__(self, client: redis.Redis, keys: Keys | None = None):
+    def __init__(self, client: redis.Redis, keys: Keys | None = None, wire: Wire | None = None):
         self.r = client
         self.keys = keys or Keys()
         self._begin = self.r.register_script(_BEGIN)
         self._end = self.r.register_script(_END)
-        self.wire: RedisWire | None = None  # the gateway's own connections, when it has them (set by the gateway)
+        self.wire: Wire = wire if wire is not None else PipelineWire(client)  # the gateway's: its RedisWire
 
     # --- gateway side ---------------------------------------------------------------------------
     def begin(self, gateway_id: str) -> tuple[bool, int | None]:
@@ -83,16 +83,10 @@ class PauseState:
         self._end(keys=[self.keys.gateway_inflight_by_gateway()], args=[gateway_id])
 
     def heartbeat(self, gateway_id: str, info: dict[str, Any]) -> None:
-        if self.wire is not None:  # every second, on the gateway's own connections (redis_wire.py)
-            for reply in self.wire.run([("ZADD", self.keys.gateway_heartbeats(), repr(time.time()), gateway_id),
-                                        ("HSET", self.keys.gateway_info(), gateway_id, json.dumps(info))]):
-                if isinstance(reply, redis.ResponseError):
-                    raise reply
-            return
-        with self.r.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.keys.gateway_heartbeats(), {gateway_id: time.time()})
-            pipe.hset(self.keys.gateway_info(), gateway_id, json.dumps(info))
-            pipe.execute()
+        for reply in self.wire.run([("ZADD", self.keys.gateway_heartbeats(), repr(time.time()), gateway_id),
+                                    ("HSET", self.keys.gateway_info(), gateway_id, json.dumps(info))]):
+            if isinstance(reply, redis.ResponseError):
+                raise reply
 
     def forget(self, gateway_id: str) -> None:
         """A gateway shutting down cleanly."""

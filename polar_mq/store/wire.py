@@ -1,4 +1,9 @@
-"""The gateway's per-call Redis commands straight on redis-py connections held here.
+"""The one interface every store sends its commands through (`Wire`), and its two kinds, chosen
+once when a store is built: `RedisWire` for the gateway's per-call commands, `PipelineWire`
+(redis-py's client and pipelines) everywhere else. Stores never ask which they hold
+(tests/test_redis_wire.py runs the same operations through both).
+
+RedisWire: the gateway's per-call Redis commands straight on redis-py connections held here.
 
 Why: every generation makes two round trips (admission.py: one script in, one MULTI out). Through
 `redis.Redis` each one also paid the client's pool and retry layers: a fork check, the blocking
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import redis
 from hiredis import pack_command  # a dependency (setup.py): redis-py's HiredisRespSerializer uses it too
@@ -228,3 +233,64 @@ class Sent:
             return out
         finally:
             self._wire._slots.release()
+
+
+class Replies(Protocol):
+    def replies(self) -> list[Any]: ...
+
+
+class Wire(Protocol):
+    """What a store needs of Redis beyond its client: commands sent now and read later, in one
+    round trip, and MULTI/EXEC transactions (replies in order; an error reply in its place)."""
+
+    def send(self, commands: Sequence[Command], replies: int) -> Replies: ...
+
+    def run(self, commands: Sequence[Command], replies: int | None = None) -> list[Any]: ...
+
+    def execute(self, *args: Any) -> Any: ...
+
+    def transaction(self, commands: Sequence[Command]) -> list[Any]: ...
+
+    def send_transaction(self, commands: Sequence[Command]) -> Replies: ...
+
+
+class Answered:
+    """Replies already read (PipelineWire answers at once)."""
+
+    __slots__ = ("_replies",)
+
+    def __init__(self, replies: list[Any]):
+        self._replies = replies
+
+    def replies(self) -> list[Any]:
+        return self._replies
+
+
+class PipelineWire:
+    """The `Wire` interface through redis-py's client: its pool, pipelines and retries. `send`
+    runs the commands at once (the answer is kept for `replies()`); a transaction's replies are
+    shaped as RedisWire's (`RedisWire.exec_replies` reads both)."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+
+    def send(self, commands: Sequence[Command], replies: int) -> Answered:
+        return Answered(self.run(commands, replies))
+
+    def run(self, commands: Sequence[Command], replies: int | None = None) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return list(pipe.execute(raise_on_error=False))
+
+    def execute(self, *args: Any) -> Any:
+        return self.client.execute_command(*args)
+
+    def transaction(self, commands: Sequence[Command]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=True)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return list(pipe.execute(raise_on_error=False))
+
+    def send_transaction(self, commands: Sequence[Command]) -> Answered:
+        return Answered(["OK", *(["QUEUED"] * len(commands)), self.transaction(commands)])
