@@ -56,9 +56,11 @@ test: $(VENV)/.installed
 test-full:
 	POLAR_FULL=1 PYTEST_ARGS="$(PYTEST_ARGS)" .ci/run
 
-# mypy.ini says what is checked how (strict on the pure packages: model, adapters, merge, ...).
+# mypy.ini says what is checked how (strict on the pure packages: model, adapters, merge, ...);
+# .importlinter the layers every import must follow (no cycles, nothing imports upward).
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_gateway.py

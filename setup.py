@@ -55,6 +55,7 @@ setup(
             "docker>=7",
             "playwright>=1.40",  # drives Debian's chromium in the trajectory viewer tests
             "mypy>=1.10",  # `make typecheck` (mypy.ini: strict on the pure packages), run by .ci/run
+            "import-linter>=2.1",  # `make typecheck`: the layers of .importlinter (no cycles, no upward imports)
             "types-requests",
             "types-PyYAML",
         ],
