@@ -168,8 +168,18 @@ class _Raw:
 
 
 class _Resp:
+    """A streamed answer with the `transports.Reply` surface a stream reads (no idle mode)."""
+
+    can_idle = False
+
     def __init__(self, data: bytes, piece: int):
-        self.raw = _Raw(data, piece)
+        self._raw = _Raw(data, piece)
+
+    def read1(self, n: int = 65536) -> bytes:
+        return self._raw.read1(n)
+
+    def arrived(self) -> bool:
+        return False
 
     def close(self) -> None:
         pass
