@@ -216,3 +216,19 @@ class CliHarness:
         polar = {k: v for k, v in session_env(ctx).items() if k.startswith("POLAR_")}
         env = {**polar, **built.env, **{k: str(v) for k, v in (opts.get("env") or {}).items()}}
         return Launch(command=argv, env=env)
+
+
+def harness_class(name: str, package: HarnessPackage, apis: tuple[str, ...], configure: Configure, *,
+                  turns_settings: str | None = None, max_turns_flag: str | None = None) -> type[CliHarness]:
+    """The `CliHarness` of one CLI from its parts: what each harness module exports as HARNESS
+    (registry.py loads it). `max_turns_flag`: the argv flag that limits turns, for a CLI that has one."""
+    namespace: dict[str, Any] = {"name": name, "package": package, "apis": apis,
+                                 "configure": staticmethod(configure), "turns_settings": turns_settings}
+    if max_turns_flag is not None:
+        flag = max_turns_flag
+
+        def add_max_turns(self: CliHarness, argv: list[str], home: Path, turns: int) -> None:
+            argv += [flag, str(turns)]
+        namespace["add_max_turns"] = add_max_turns
+    title = "".join(part.title() for part in name.split("_"))
+    return type(f"{title}Harness", (CliHarness,), namespace)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
+from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
                    strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -57,14 +57,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("claude_code", api, argv, env, files)
 
 
-class ClaudeCodeHarness(CliHarness):
-    name = "claude_code"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-
-    def add_max_turns(self, argv: list[str], home: Path, turns: int) -> None:
-        argv += ["--max-turns", str(turns)]
-
-
-HARNESS = ClaudeCodeHarness  # what registry.py loads for agent.harness "claude_code"
+HARNESS = harness_class("claude_code", PACKAGE, APIS, configure, max_turns_flag="--max-turns")  # what registry.py loads for agent.harness "claude_code"

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness, CliLaunch, HarnessPackage, PathLike,
+from polar_mq.harnesses.base import (harness_class, DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliLaunch, HarnessPackage, PathLike,
                    check_api, home_env, openai_v1)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -70,11 +70,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("codex", api, argv, env, [cfg])
 
 
-class CodexHarness(CliHarness):
-    name = "codex"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-
-
-HARNESS = CodexHarness  # what registry.py loads for agent.harness "codex"
+HARNESS = harness_class("codex", PACKAGE, APIS, configure)  # what registry.py loads for agent.harness "codex"

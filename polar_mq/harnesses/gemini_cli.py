@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (DEFAULT_LIMITS, GEMINI, CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
+from polar_mq.harnesses.base import (harness_class, DEFAULT_LIMITS, GEMINI, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
                    strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -71,12 +71,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("gemini_cli", api, argv, env, files)
 
 
-class GeminiCliHarness(CliHarness):
-    name = "gemini_cli"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-    turns_settings = ".gemini/settings.json"
-
-
-HARNESS = GeminiCliHarness  # what registry.py loads for agent.harness "gemini_cli"
+HARNESS = harness_class("gemini_cli", PACKAGE, APIS, configure, turns_settings=".gemini/settings.json")  # what registry.py loads for agent.harness "gemini_cli"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
-                   CliHarness, CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash,
+from polar_mq.harnesses.base import (harness_class, ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
+                   CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash,
                    write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -79,11 +79,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("opencode", api, argv, env, files)
 
 
-class OpencodeHarness(CliHarness):
-    name = "opencode"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-
-
-HARNESS = OpencodeHarness  # what registry.py loads for agent.harness "opencode"
+HARNESS = harness_class("opencode", PACKAGE, APIS, configure)  # what registry.py loads for agent.harness "opencode"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME, CliHarness,
+from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
                    CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -61,11 +61,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("pi", api, argv, env, files)
 
 
-class PiHarness(CliHarness):
-    name = "pi"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-
-
-HARNESS = PiHarness  # what registry.py loads for agent.harness "pi"
+HARNESS = harness_class("pi", PACKAGE, APIS, configure)  # what registry.py loads for agent.harness "pi"

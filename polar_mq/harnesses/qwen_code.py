@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliHarness, CliLaunch, HarnessPackage, PathLike,
+from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliLaunch, HarnessPackage, PathLike,
                    check_api, home_env, openai_v1, strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
@@ -62,12 +62,4 @@ def configure(home: PathLike, base_urls: Mapping[str, str], key: str, model: str
     return CliLaunch("qwen_code", api, argv, env, files)
 
 
-class QwenCodeHarness(CliHarness):
-    name = "qwen_code"
-    package = PACKAGE
-    apis = APIS
-    configure = staticmethod(configure)
-    turns_settings = ".qwen/settings.json"
-
-
-HARNESS = QwenCodeHarness  # what registry.py loads for agent.harness "qwen_code"
+HARNESS = harness_class("qwen_code", PACKAGE, APIS, configure, turns_settings=".qwen/settings.json")  # what registry.py loads for agent.harness "qwen_code"
