@@ -1,5 +1,5 @@
-"""A record's envelope written in zlib's stored blocks (record_codec.zlib_stored, since session 12)
-vs compressed at level 1 (before), side by side in one run: encode time per record and stored
+"""A record's envelope written in zlib's stored blocks (store/codec.py zlib_stored, what the
+gateway writes) vs compressed at level 1, side by side in one run: encode time per record and stored
 bytes, for the record of a small chat call and of the largest recorded Claude Code request.
 
 Records are built as the gateway builds them (the adapter's translation of the request, prompt

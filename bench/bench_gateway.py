@@ -4,8 +4,8 @@ Starts an embedded Redis, the stand-in model server and the gateway (gunicorn as
 process), then times sequential requests over keep-alive connections (one session per target, as SDK
 clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude Code send them):
   * a small OpenAI chat request: upstream direct vs through the gateway (and the same request
-    streamed from the upstream, for reference: gateways before session 8, and any gateway whose
-    upstream cannot abort a request by id, stream plain calls internally so that they can abort
+    streamed from the upstream, for reference: a gateway whose
+    upstream cannot abort a request by id streams plain calls internally so that it can abort
     them; the stand-in serves vLLM's dev-mode `/abort_requests`, as an RL deployment's vLLM does),
     and through the floor under any Python gateway here (bare_proxy.py: a gevent process that
     forwards the bytes: alone, with two Redis round trips per call, and with the gateway's own
@@ -252,11 +252,11 @@ def main() -> int:
                     help="extra argument for `polar-mq gateway` (repeatable)")
     ap.add_argument("--upstream-prompt-cache", action="store_true",
                     help="the stand-in keeps the ids of prompts it tokenized (model_server "
-                    "--prompt-cache): the 82 KB request is answered in a few ms instead of after "
-                    "~35 ms of tokenizing on both cores, after which this VM runs the gateway's "
-                    "next ~0.5 ms of work several times slower (docs/gateway_scale.md)")
+                    "--prompt-cache): the 82 KB request is answered at once instead of after "
+                    "tokenizing on both cores, which slows the gateway's next work on a small VM "
+                    "(docs/benchmarks.md)")
     ap.add_argument("--hold", action="store_true", help="print the gateway pid and wait for Enter "
-                    "before timing (attach py-spy)")
+                    "before timing (attach a profiler)")
     args = ap.parse_args()
 
     from rich.console import Console
@@ -446,7 +446,8 @@ def main() -> int:
             table.add_section()
         console.print(table)
 
-        goals = Table(title="issue 15 goals, side by side (same run"
+        goals = Table(title="headline figures, side by side (same run"
+
                       f"{', upstream prompt cache' if args.upstream_prompt_cache else ''})", min_width=110)
         goals.add_column("goal", justify="left")
         for t in targets:

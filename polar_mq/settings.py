@@ -206,7 +206,8 @@ class PipelineSettings:
     # publish per task and stage. `polar-mq up` turns them off when it starts no Flower.
     task_events: bool = True
     # Celery's two INFO lines per task ("Received task", "Task ... succeeded"): six per session,
-    # ~2 ms of a no-op session's CPU (py-spy, bench_dispatch). The session record keeps every
+    # a visible share of a no-op session's CPU (bench/bench_dispatch.py). The session record keeps every
+
     # stage move with node and time (`polar-mq status`); warnings and errors are logged anyway.
     task_log: bool = False
 

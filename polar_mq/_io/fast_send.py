@@ -2,8 +2,9 @@
 
 Why: gevent's cooperative `sendall` reads the socket's SO_SNDBUF (a getsockopt system call), the
 clock and a memoryview slice before its first send, on every call; for the gateway's replies and
-upstream requests, which almost always fit the send buffer whole, that was ~1.5% of a small
-call's CPU (py-spy --gil). `send` tries the OS socket first and waits (cooperatively, with the
+upstream requests, which almost always fit the send buffer whole, that is pure overhead. `send`
+tries the OS socket first and waits (cooperatively, with the
+
 socket's timeout) only when the buffer is full, as `sendall` does; whatever it did not take goes
 through `sendall`. Errors are the socket's own, as from `sendall`.
 """

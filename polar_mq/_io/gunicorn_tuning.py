@@ -1,16 +1,17 @@
 """gunicorn's per-request work that is the same for every request of a second or of a peer, done
 once; and a sized reply's head and body in one write.
 
-Why: py-spy (--gil, bench/bench_gateway.py's small chat call, session 9) put gunicorn at ~36% of
-the gateway worker's CPU per call. Three parts of it repeat the same work on every request:
-  * the Date header: `util.http_date()` formats the time with `email.utils` on every reply
-    (~3.6% of the call). Its text changes once a second, so it is formatted once a second;
+Why: gunicorn is a large share of the gateway worker's CPU per call (figures:
+docs/benchmarks.md). Three parts of it repeat the same work on every request:
+  * the Date header: `util.http_date()` formats the time with `email.utils` on every reply.
+    Its text changes once a second, so it is formatted once a second;
   * the forwarded-header trust check: `_ip_in_allow_list` builds an `ipaddress` object from the
-    peer's address and tests it against `forwarded_allow_ips` on every request (~3.7%). The
+    peer's address and tests it against `forwarded_allow_ips` on every request. The
     answer depends only on the address and the configured networks, so it is kept per address;
   * a reply with a Content-Length goes out as two `sendall`s, its head and then its body (two
     system calls and two TCP segments for one small JSON answer). When the app hands over the
-    whole body in one piece, head and body now leave in one write; the bytes are unchanged.
+    whole body in one piece, head and body leave in one write; the bytes are unchanged
+    (tests/test_gunicorn_tuning.py).
 
 Each replaces a module attribute gunicorn itself calls through (`util.http_date`,
 `http.message._ip_in_allow_list`, `http.wsgi.Response.write`) with a function that gives the

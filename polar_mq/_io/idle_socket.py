@@ -1,13 +1,13 @@
 """Is a pooled, idle connection still usable? One non-blocking peek, no waiting.
 
-Pools of kept-alive connections (the gateway's upstream HTTP client, proxy_app/http11.py, and its
-Redis commands, redis_wire.py) must not send a request down a connection the server closed while
-it sat idle (a restart, a keep-alive timeout). `select.select([sock], [], [], 0)` answers that, but
-under gevent's monkey-patching `select` is emulated with a poll object and watchers per call;
-py-spy --gil of the small-chat path had those readability checks at ~8% of the gateway worker's CPU
-(redis-py runs one before every command). A MSG_PEEK|MSG_DONTWAIT recv on the OS socket answers the
-same question in one syscall: EAGAIN → open and quiet; b"" → closed by the peer; bytes → data nobody
-asked for (not reusable either).
+Pools of kept-alive connections (the gateway's upstream HTTP client, proxy_app/upstream/http11.py,
+and its Redis commands, store/wire.py) must not send a request down a connection the server closed
+while it sat idle (a restart, a keep-alive timeout). `select.select([sock], [], [], 0)` answers
+that, but under gevent's monkey-patching `select` is emulated with a poll object and watchers per
+call, a noticeable share of a small call's CPU (redis-py runs one before every command). A
+MSG_PEEK|MSG_DONTWAIT recv on the OS socket answers the same question in one syscall: EAGAIN →
+open and quiet; b"" → closed by the peer; bytes → data nobody asked for (not reusable either;
+tests/test_idle_socket.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 
 # A plain int: `|` on the socket module's IntFlag members builds a new enum member through
-# enum.py on every call (~1.2% of a small gateway call's CPU, py-spy --gil).
+# enum.py on every call, and this runs before every pooled request.
+
 _PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
 

@@ -4,9 +4,10 @@ Everything the gateway and the API accept ends up msgpack-encoded in Redis (reco
 JSON-encoded upstream. Python's parsers accept more than those encoders can write: NaN and
 Infinity, lone surrogates (``"\\ud800"``), integers beyond 64 bits, nesting deep enough to blow the
 stack (or msgpack's 512-level limit), and from YAML dates, binary and non-string keys. Such a body
-used to pass validation and then fail while being stored (a 500, a stream that never ended, a lost
-record). `loads` and `check` turn each of those into a `BodyError` naming where it is, which the
-services answer as a 400 in the caller's own error shape.
+would pass a plain parse and then fail while being stored (a 500, a stream that never ended, a
+lost record). `loads` and `check` turn each of those into a `BodyError` naming where it is, which
+the services answer as a 400 in the caller's own error shape (tests/test_trust_bad_input.py,
+tests/test_fuzz_api.py, tests/test_fuzz_gateway.py).
 """
 
 from __future__ import annotations

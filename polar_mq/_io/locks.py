@@ -3,9 +3,9 @@
 gevent's monkey-patching replaces `threading.Lock` with its own lock, written in Python
 (`gevent.thread.LockType`): acquire, release and even creating one run several Python frames.
 The gateway takes a dozen short locks per call (connection lists, caches, the in-flight
-registry), and py-spy --gil put gevent's lock at ~3% of a small call's CPU.
+registry), so that Python lock shows up in a small call's CPU profile.
 
-`short_lock()` is the C lock (`_thread.allocate_lock` as it was before patching) for critical
+`short_lock()` is the C lock (the unpatched `_thread.allocate_lock`) for critical
 sections that only touch Python data: no I/O, no sleep, nothing that can switch greenlets. Under
 gevent a greenlet therefore never holds it across a switch, so no other greenlet ever finds it
 taken and blocks the thread; under threads it is the ordinary lock. A section that can block
@@ -36,8 +36,8 @@ def short_lock() -> Any:
 
 def bounded_semaphore(n: int) -> Any:
     """gevent's own (compiled) semaphore in a monkey-patched process, else threading's. The stdlib
-    one is Python code over a Condition: under gevent its release alone (notify, _is_owned, two
-    lock round trips) was ~3% of a small call's CPU (py-spy --gil)."""
+    one is Python code over a Condition: under gevent its release alone runs notify, _is_owned
+    and two lock round trips."""
     try:
         from gevent import monkey
     except ImportError:

@@ -3,12 +3,12 @@
 vLLM sends a call's whole prompt as ids in the first chunk of its answer (`prompt_token_ids`), on
 every call of an agent session: 29k ids on the recorded Claude Code request. The gateway only
 counts them and stores them, and storage cuts them into content-addressed blocks that the previous
-call of the session already stored (record_codec.py). Turning the text into 29k Python ints (0.64 ms
-in orjson, created and freed on every call), copying the list and converting it back to bytes to
-hash its blocks (0.4–0.75 ms) was a third of the gateway's CPU on that request (py-spy --gil). A
+call of the session already stored (store/codec.py). Turning the text into Python ints (created and
+freed on every call), copying the list and converting it back to bytes to hash its blocks would be
+a large share of the gateway's CPU on such a request (figures: docs/benchmarks.md). A
 `TokenIds` answers `len` from the text, and the record codec hashes blocks of the text itself; only
 blocks it has not seen before are parsed. Anything that wants a list gets one (`to_list`, iteration,
-indexing, `==`), parsed once.
+indexing, `==`), parsed once (tests/test_token_ids.py).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ class TokenIds(Sequence[int]):
         """The ids of `text` (what is between `[` and `]`) written compactly, as vLLM writes them
         (`1,2,3`), or None for anything else (a sign, a fraction, whitespace, an empty element):
         the caller parses that the ordinary way. Checked in numpy's vector passes over the bytes
-        (~0.02 ms on 118 KB; the stdlib's translate and big-int passes took 0.23 ms): only digits
-        and commas, no comma at either end or next to another, the count from the commas. Below
-        NUMPY_FROM bytes the same checks are the stdlib's: numpy's fixed cost per call (~7 us
-        warm, and ~0.1 ms of a small call's CPU in the gateway, where its code runs cold: py-spy)
-        is more than they take there."""
+        (an order of magnitude faster than the stdlib's translate and big-int passes on a large
+        prompt): only digits and commas, no comma at either end or next to another, the count
+        from the commas. Below NUMPY_FROM bytes the same checks are the stdlib's: numpy's fixed
+        cost per call (higher still in the gateway, where its code runs cold) is more than they
+        take there."""
         if not text:
             return cls(b"", 0)
         if len(text) < NUMPY_FROM:

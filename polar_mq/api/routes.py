@@ -86,9 +86,10 @@ def _int_arg(name: str, default: int, maximum: int) -> int:
 
 def _enqueue_init(session_ids: list[str], priority: int = 0) -> None:
     """A task's init messages in one pipelined write (kombu's Producer.batch) instead of one
-    round trip each: the submit of many sessions was ~0.6 ms of API CPU per session
-    (bench_dispatch). A failed batch is sent again whole, as the per-message retries did
-    (SEND_RETRY); a message that got through twice is a duplicate delivery, which init skips."""
+    round trip each: a round trip per session costs the API more than the session's own
+    bookkeeping (bench/bench_dispatch.py). A failed batch is sent again whole, with the
+    per-message retry policy (SEND_RETRY); a message that got through twice is a duplicate
+    delivery, which init skips."""
     c = ctx()
     lvl = {"priority": level(priority)} if priority else {}  # dispatch_priority (tasks/priority.py)
     tries = int(SEND_RETRY["max_retries"]) + 1

@@ -37,7 +37,7 @@ def run_grading(strategy: str, config: dict[str, Any] | None, trajectory: Trajec
             log.exception("grader %s failed for %s", strategy, trajectory.session_id)
             box["grade"] = Grade.error(f"grader {strategy!r} failed: {type(exc).__name__}: {exc}")
 
-    if is_instant(strategy):  # no thread to start and join per session (~0.1 ms, bench_dispatch)
+    if is_instant(strategy):  # no thread to start and join per session (bench/bench_dispatch.py)
         work()
         return _as_grade(box["grade"], strategy)
     thread = threading.Thread(target=work, name=f"grade-{trajectory.session_id}", daemon=True)

@@ -1,16 +1,16 @@
 """Two Redis round trips per generation: one script to let it in, one transaction to let it out.
 
-A call used to cost six (key GET, in-flight HSET, cancel EXISTS, pause script, pause uncount
-script, record MULTI, in-flight HDEL); on a loaded host each is a scheduler wake-up of redis-server
-and of the gateway, and together they took more wall time than the upstream call (py-spy of the
-small-chat path, bench/bench_gateway.py). Now:
+Why two: each step done on its own (key GET, in-flight HSET, cancel EXISTS, pause script, pause
+uncount script, record MULTI, in-flight HDEL) would be a round trip, and on a loaded host each is
+a scheduler wake-up of redis-server and of the gateway; six of them take more wall time than a
+small upstream call. So (tests/test_early_admission.py, tests/test_pause.py):
 
 - `enter` runs one script that (a) checks that a session key resolved from this process's cache
-  still names the session (a session collected by retention answers 401 as before), (b) refuses a
+  still names the session (a session collected by retention answers 401), (b) refuses a
   cancelled session, (c) registers the call in the session's in-flight hash (postrun waits on it),
   and (d) does the pause admission of pause_state.py in the same atomic step: not paused → counted
   in flight for this gateway and stamped with the policy version. A paused call is registered but
-  not counted; the pause gate then holds it as before (pause.py).
+  not counted; the pause gate then holds it (pause.py).
 - `send_enter` sends that script as soon as the request's head names the session, before the body
   is read and converted (fastpath.py), and `Entry.ticket` reads its answer where the call needs
   it: the Redis round trip runs while the gateway parses and converts the body, instead of after.

@@ -51,7 +51,7 @@ def _cycle_loop_gevent() -> None:
     # before the event loop polls I/O or fires timers (gevent's own docs), so the call watcher
     # (a timer, then a Redis reply), the writer to the client and the other streams stayed
     # starved. Any positive sleep resumes it only after the next loop iteration, which polls I/O
-    # and runs the due timers first; 1 us costs no real time beyond that iteration.
+    # and runs the due timers first; a microsecond costs no real time beyond that iteration.
     import gevent
     gevent.sleep(1e-6)
 
@@ -294,12 +294,12 @@ def stream_events(handle: "UpstreamStream", call: Inflight,
             # buffered never blocks, so it would starve the call watcher (cancel, client gone),
             # the writer to its client and the other streams of its process until the generation
             # ends (then the abort comes too late: vLLM has finished). At least every YIELD_EVERY
-            # s of reading while data keeps coming, not after every chunk: a switch per chunk was
-            # a hub round per token, and the writer then wrote each token on its own (one send
+            # s of reading while data keeps coming, not after every chunk: a switch per chunk is
+            # a hub round per token, and the writer then writes each token on its own (one send
             # per frame). The yield is a full turn of the event loop (yield_now), not sleep(0).
             # A reader with nothing more here is about to wait on its socket, which lets the
-            # others run anyway: at a decode pace (a token every 20-150 ms) yielding there too
-            # was one more turn of the loop per token.
+            # others run anyway: at a decode pace (tens of milliseconds a token) yielding there
+            # too would be one more turn of the loop per token.
             now = time.monotonic()
             if not more and handle.sees_socket:
                 last_yield = now
@@ -330,7 +330,7 @@ class UpstreamAborter:
         self.engine_id = engine_id
         self.url: str | None = None  # the upstream the request went to (the last one tried)
         # The event exists only once an abort starts (most calls are never aborted, and an
-        # Event per call was ~0.6% of a small call's CPU). Each side writes its own field before
+        # Event is not free to make). Each side writes its own field before
         # reading the other's, so an answer and an abort that cross still meet.
         self._done = False
         self._answered: threading.Event | None = None

@@ -175,8 +175,8 @@ class Handover:
 class StreamFrames:
     """A streamed answer's frames, as the WSGI iterable: `close()` ends the call even when no
     frame was ever asked for (the client was gone before the headers went out), which closing a
-    generator that never started does not. Until session 13 the reader thread finished such a
-    call by itself; since the hand-over the writer may hold its last steps."""
+    generator that never started does not: with the stream hand-over the writer may hold the
+    call's last steps, so nothing else would finish it (tests/test_stream_handover.py)."""
 
     def __init__(self, frames: Generator[bytes, None, None], end: Callable[[bool], None]):
         self._frames = frames

@@ -1,7 +1,7 @@
 """JSON on the gateway's hot path with orjson: the same values and errors as `jsonsafe` and
-`json`, several times faster on the bodies agents send (an 80 KB Claude Code request parses in
-~0.3 ms instead of ~0.9 ms with jsonsafe's checks; the upstream body serialises ~10x faster; a
-first stream chunk carrying 20k prompt ids parses ~2.5x faster — bench/bench_gateway.py).
+`json`, several times faster on the bodies agents send (figures: docs/benchmarks.md,
+bench/bench_gateway.py). Guarded by tests/test_fastjson.py (same values and errors as jsonsafe)
+and tests/test_known_values.py.
 
 `loads_body` keeps `jsonsafe.loads`'s contract exactly: orjson already refuses NaN/Infinity,
 lone surrogates and invalid UTF-8, so only nesting depth and value count are left to check
@@ -9,11 +9,10 @@ lone surrogates and invalid UTF-8, so only nesting depth and value count are lef
 [-2**63, 2**64-1] (jsonsafe's too) an int and turns a literal beyond it into a float of magnitude
 >= 2**63 silently, so a body holding such a float goes through `jsonsafe.loads`, which rejects the
 literal (or, for a real float like 1e20, gives the same value). Whatever orjson refuses goes
-through `jsonsafe.loads` too, which gives the error message it always gave. (Looking for the
-literal with a regex first cost 4.2 ms on the 82 KB Claude Code request, py-spy --gil: 8.8% of
-the gateway's CPU on it; the float check rides on the walk the limits need anyway.)
-A harness's tool definitions, the bulk of its requests and the same on every call, are parsed once
-per process and reused (`KnownValues`: 0.25 -> 0.04 ms for the recorded 82 KB Claude Code body).
+through `jsonsafe.loads` too, which gives its own error message. (The float check rides on
+the walk the limits need anyway: a regex over the whole body for such literals costs more than
+the parse.) A harness's tool definitions, the bulk of its requests and the same on every call,
+are parsed once per process and reused (`KnownValues`).
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ class KnownValues:
     A body whose value at `"tools":` starts with a known text is parsed without it (`loads_cut`),
     and the known value is put back where the cut lands. Only when that is the body's top-level "tools" is the
     cut used (a match inside a nested key, a duplicate key, anything unexpected: the body is parsed
-    whole, as before); the limits are checked on the rest plus the value's own counts, so exactly
+    whole); the limits are checked on the rest plus the value's own counts, so exactly
     the bodies `loads_body` accepts are accepted. Bodies that share one known value share the
     parsed object: nothing on the gateway's path changes a request in place. A value is learnt
     when the body's text at its key is its compact JSON (what JavaScript and Rust clients send)."""

@@ -3,15 +3,16 @@ from them, computed once per object.
 
 A harness sends its tool definitions unchanged on every call (Claude Code: 64 KB of its 82 KB
 requests). `fastjson.KnownValues` already parses them once per process and hands every body the
-same parsed object. Each call still derived the same things again from that object: the Anthropic
-adapter's OpenAI form of the tools, the JSON text of that form in the upstream body, and its
-msgpack bytes for the record. py-spy --gil on the recorded 82 KB Claude Code request (session 9)
-put those at ~13% of the gateway's CPU for the call.
+same parsed object. Without this module each call would derive the same things again from that
+object: the Anthropic adapter's OpenAI form of the tools, the JSON text of that form in the
+upstream body, and its msgpack bytes for the record — a noticeable share of the gateway's CPU on
+a Claude Code call.
 
 Here a *shared* object (one KnownValues hands out, or one derived here from a shared one) gets
 each derivation once: `derive(obj, name, make)`. The result is shared in turn, so derivations
 chain (parsed tools -> chat tools -> their JSON). An object that is not shared is derived on
-every call, as before: only values that recur are remembered.
+every call: only values that recur are remembered (tests/test_shared_values.py).
+
 
 Why by identity and not by value: comparing 64 KB of nested values costs about what deriving
 them does. Identity is exact here because nothing on the gateway's path changes a request value in

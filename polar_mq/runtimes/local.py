@@ -112,9 +112,9 @@ def command_argv(command: str | list[str], path: str) -> list[str]:
     or directly when it is plain words whose first is an executable on `path` (the command's
     PATH) — then it is exactly the process `bash -c` would have exec'd, without a bash first.
 
-    Not a login shell (`bash -lc` before): /etc/profile reset the command's PATH to the system
-    default, so a string command saw another PATH than an argv command or the runtime's `env`
-    gave it, and reading the profiles was ~1 ms of CPU per session (bench/bench_dispatch.py)."""
+    Not a login shell (`bash -lc`): /etc/profile resets the command's PATH to the system
+    default, so a string command would see another PATH than an argv command or the runtime's
+    `env` gave it, and reading the profiles costs CPU on every session."""
     if not isinstance(command, str):
         return list(command)
     words = re.split(r"[ \t]+", command.strip(" \t"))  # bash's word separators (a newline ends a command)
@@ -150,7 +150,7 @@ def kill_group(pgid: int, grace: float = 2.0) -> None:
 
 class ExitWatch:
     """Wait for a child's exit and wake at once when it happens (a pidfd, Linux ≥ 5.3), where
-    Popen.wait(timeout) polls with sleeps growing to 50 ms: that delay is idle time of a run slot
+    Popen.wait(timeout) polls with sleeps that grow: that delay is idle time of a run slot
     at every session's end (bench/bench_pipeline.py hand-off)."""
 
     def __init__(self, proc: subprocess.Popen):

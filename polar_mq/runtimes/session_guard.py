@@ -1,13 +1,13 @@
 """What a sandbox may say to the gateway: its own session's provider endpoints, nothing else.
 
-The bridge that carries a sandbox's connections to the gateway (netbridge) used to relay bytes
-blindly, so an agent could call ``/sessions`` (list other sessions' calls, fetch keys) or another
-session's ``/s/<key>`` endpoints, and pipeline more requests after an allowed one. The bridge now
-reads each request's head, lets it through only when it is for this session (the ``/s/<key>``
+The bridge that carries a sandbox's connections to the gateway (netbridge) must not relay bytes
+blindly: an agent could then call ``/sessions`` (list other sessions' calls, fetch keys) or
+another session's ``/s/<key>`` endpoints, and pipeline more requests after an allowed one. The
+bridge reads each request's head, lets it through only when it is for this session (the ``/s/<key>``
 prefix, or the key as the API key on a provider path) and never for the gateway's own resources
 (``/sessions``, ``/health``), and forwards exactly one request per connection (``Connection:
 close``; the body by its Content-Length or chunked framing), so nothing can be smuggled behind an
-allowed request. Refusals are a 403 the harness can read.
+allowed request. Refusals are a 403 the harness can read (tests/test_trust_sandbox.py).
 """
 
 from __future__ import annotations

@@ -47,21 +47,19 @@ DIGEST = 12  # bytes of a chunk's content address
 
 
 def digest(data: bytes | memoryview, size: int = DIGEST) -> bytes:
-    """A content address: SHA-256, truncated. Why not BLAKE2b, as before: OpenSSL's SHA-256 runs on
-    the CPU's SHA extensions (x86 SHA-NI, ARMv8 crypto), 0.035 ms per 64 KB here against
-    BLAKE2b's 0.067 ms, and the gateway hashes every large request value and the whole prompt's
-    ids on each call (~0.25 MB on the 82 KB Claude Code request)."""
+    """A content address: SHA-256, truncated. Why not BLAKE2b: OpenSSL's SHA-256 runs on the
+    CPU's SHA extensions (x86 SHA-NI, ARMv8 crypto), about twice as fast, and the gateway hashes
+    every large request value and the whole prompt's ids on each call."""
     return hashlib.sha256(data).digest()[:size]
 
 
 class BlockDigests:
     """Digests of prompt-id blocks this process encoded, keyed by a 128-bit digest of the block's
     raw uint32 bytes. Every call of a session re-sends the conversation so far, so its prompt
-    ids repeat the blocks of the call before: packing and hashing each 256-id block again was
-    ~0.4 ms per call on a 20k-id prompt (msgpack + BLAKE2b per block; py-spy --gil put
-    `Encoder.ids` at 11.6% of the gateway's CPU on the 82 KB Claude Code request), hashing the
-    raw bytes is ~10x cheaper. The key is a cryptographic hash of the exact ids, so a hit names
-    the same chunk bytes; bounded (cleared when full: ~200 B per entry)."""
+    ids repeat the blocks of the call before: packing and hashing each 256-id block again costs
+    in proportion to the prompt, while hashing the raw bytes is about ten times cheaper. The key
+    is a cryptographic hash of the exact ids, so a hit names the same chunk bytes; bounded
+    (cleared when full: ~200 B per entry; tests/test_record_codec_blocks.py)."""
 
     def __init__(self, max_entries: int = 32768):
         self.max_entries = max_entries
@@ -83,9 +81,9 @@ BLOCKS = BlockDigests()
 
 class RepeatedValues:
     """Digests of the large values a harness re-sends unchanged on every call: its tool
-    definitions (Claude Code: 64 KB, stored as sent and as normalised). Hashing them twice per
-    call was ~0.07 ms of the 82 KB Claude Code request's encoding; comparing the packed bytes with
-    the last few such values is ~0.005 ms. Keyed by the exact packed bytes (what the digest is
+    definitions (Claude Code: 64 KB, stored as sent and as normalised). Comparing the packed
+    bytes with the last few such values costs a fraction of hashing them twice per call. Keyed
+    by the exact packed bytes (what the digest is
     of), compared by length then bytes (hashing a 64 KB key for a dict costs more than that). The
     very object seen before (bodies that share a known value: proxy_app/fastjson.KnownValues) is
     found without packing it: records never change after capture, and an entry holds its object,
@@ -214,7 +212,7 @@ class Encoder:
 
         Whole blocks are looked up TEXT_GROUP at a time first (one digest of their text for the
         group's block digests): per block, the lookup's Python steps cost more than hashing its
-        1.5 KB (0.15 -> 0.09 ms on the 29k ids of the recorded Claude Code request)."""
+        1.5 KB."""
         text = ids.text
         view = memoryview(text)
         spans, tail = ids.spans(TEXT_BLOCK)
@@ -269,9 +267,10 @@ _STORED_HEAD = b"\x78\x01"  # a zlib header: deflate, 32K window, "fastest" leve
 def zlib_stored(data: bytes) -> bytes:
     """`data` as a zlib stream of stored (uncompressed) deflate blocks (RFC 1950/1951): what
     `zlib.decompress` reads back, without deflate's setup. `zlib.compress` allocates and clears
-    its ~256 KB state on every call: 15-50 us on this project's 2-core VM for a 1-3 KB envelope
-    (the small chat call's is ~0.9 KB, the 82 KB Claude Code call's ~3.2 KB), to save ~20% of
-    its bytes; the bulk of a record, its chunks, is compressed as before."""
+    its ~256 KB state on every call, which costs more than it saves on a 1-3 KB envelope (it
+    saves about a fifth of its bytes); the bulk of a record, its chunks, is compressed
+    (tests/test_record_envelope_zlib.py; bench/bench_envelope.py)."""
+
     parts: list[bytes | memoryview] = [_STORED_HEAD]
     view = memoryview(data)
     for start in range(0, max(len(data), 1), 65535):

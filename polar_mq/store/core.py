@@ -237,9 +237,9 @@ class KnownChunks:
         self._lock = short_lock()
 
     def get(self, session_id: str, default: set[bytes]) -> set[bytes]:
-        """The session's set itself, for reading only (record_codec.Encoder only asks `in`): a
-        copy per call cost time in proportion to the session's length (0.02 ms at 3,000 digests,
-        0.7 ms at 30,000). Digests only join it once Redis confirmed them stored, so one that
+        """The session's set itself, for reading only (codec.Encoder only asks `in`): a copy per
+        call would cost time in proportion to the session's length. Digests only join it once
+        Redis confirmed them stored, so one that
         joins while an encoder reads is as good to rely on as the others."""
         with self._lock:
             known = self._by_session.get(session_id)

@@ -6,11 +6,10 @@ once when a store is built: `RedisWire` for the gateway's per-call commands, `Pi
 RedisWire: the gateway's per-call Redis commands straight on redis-py connections held here.
 
 Why: every generation makes two round trips (admission.py: one script in, one MULTI out). Through
-`redis.Redis` each one also paid the client's pool and retry layers: a fork check, the blocking
-pool's queue and its connection-count metrics, a readability poll of the socket before each use
-(under gevent a full `select.poll` object per command), the Retry wrapper and the deprecation
-decorator around `get_connection`. py-spy --gil of the small-chat path (bench/bench_gateway.py)
-put those layers at ~11% of the gateway worker's CPU, more than the commands' own parsing.
+`redis.Redis` each one would also pay the client's pool and retry layers: a fork check, the
+blocking pool's queue and its connection-count metrics, a readability poll of the socket before
+each use (under gevent a full `select.poll` object per command), the Retry wrapper and the
+deprecation decorator around `get_connection` — more CPU than the commands' own parsing.
 
 `RedisWire` keeps its own LIFO list of redis-py `Connection` objects (made by the client's pool
 class with the client's settings: URL, password, db, TLS, timeouts are unchanged; replies are
@@ -80,8 +79,8 @@ def read_replies(conn: Any, n: int) -> list[Any]:
     """`n` replies from `conn`, an error reply (ResponseError) in its place: straight from the
     connection's parser (RESP2 or RESP3, push messages skipped as `read_response` skips them),
     with `Connection.read_response`'s handling of a broken read (the connection closed,
-    redis.TimeoutError / ConnectionError naming the host). That wrapper formatted the host's
-    name for an error message before every reply (~1% of a small call's CPU, py-spy --gil)."""
+    redis.TimeoutError / ConnectionError naming the host). That wrapper formats the host's
+    name for an error message before every reply, error or not."""
     out: list[Any] = []
     parser = conn._parser
     try:

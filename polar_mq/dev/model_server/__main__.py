@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     class Server(WSGIServer):
         def handle(self, sock, address):  # type: ignore[no-untyped-def]
             # TCP_NODELAY as uvicorn sets it: a response written in pieces (head, then body or
-            # chunks) otherwise waits for the client's delayed ACK (Nagle), 40 ms per call here
+            # chunks) otherwise waits for the client's delayed ACK (Nagle) on every call
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return super().handle(sock, address)
 

@@ -49,9 +49,10 @@ class ServerConfig:
     token_latency_ms: float = 0.0  # per sampled token: between stream chunks, summed when not streaming
     cache_dir: str | None = None
     chat_template: str | None = None  # a variant name (templates.TEMPLATES) or a Jinja file
-    # Rendered chat prompts whose ids are kept (LRU; 0: every prompt is tokenized). The tokenizer
-    # takes ~35 ms of both cores for the 82 KB Claude Code request; bench/bench_gateway.py
-    # --upstream-prompt-cache measures the gateway against an upstream that answers in a few ms.
+    # Rendered chat prompts whose ids are kept (LRU; 0: every prompt is tokenized). Tokenizing a
+    # large agent request keeps both cores busy long enough to disturb a benchmark;
+    # bench/bench_gateway.py --upstream-prompt-cache measures the gateway against an upstream
+    # that answers at once.
     prompt_cache: int = 0
     # vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1): the RL API and /abort_requests (rl_api.py).
     # False: an upstream served without them, as a plain `vllm serve` is.

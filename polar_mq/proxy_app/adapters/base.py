@@ -207,8 +207,9 @@ class StreamTranslator:
 
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent-event frame. `data` is JSON-encoded unless it is already a string: with
-    orjson (compact UTF-8, as json.dumps(ensure_ascii=False) writes it; json.dumps was ~7% of the
-    gateway's CPU per streamed token, py-spy), the stdlib for what orjson refuses."""
+    orjson (compact UTF-8, as json.dumps(ensure_ascii=False) writes it; json.dumps is a large
+    share of the gateway's CPU per streamed token), the stdlib for what orjson refuses
+    (tests/test_adapters_without_orjson.py)."""
     if isinstance(data, str):
         payload = data.encode()
     else:
@@ -245,8 +246,8 @@ def parse_arguments(arguments: Any) -> Any:
 
 
 # json.dumps(..., ensure_ascii=False) builds a new encoder on every call (its non-default options);
-# one kept encoder writes the same text (py-spy: the Claude Code request's history of tool calls
-# spent ~2.6% of the call's CPU in json.dumps).
+# one kept encoder writes the same text, and a Claude Code request's history of tool calls makes
+# many such calls.
 _ARGUMENTS = json.JSONEncoder(ensure_ascii=False)
 
 

@@ -3,8 +3,8 @@
 `matching.find_parent` compares the request with every recorded call of its session, and its
 caller read every record of the session from Redis first (all envelopes and the whole chunk hash)
 and decoded them: per call a cost in proportion to the session's length, quadratic over the
-session (bench/bench_tito.py: call 150 of a growing chat session took 142 ms with token-in on
-against 39 ms with it off, the difference all in that read and match).
+session (bench/bench_tito.py and bench/bench_tito_index.py measure it; figures in
+docs/benchmarks.md). Guarded by tests/test_tito_index.py.
 
 `SessionIndex` keeps, per session and per gateway process, what matching needs of each recorded
 call (a `Candidate`: a digest of its messages as a history prefix, the first few message digests,

@@ -2,10 +2,9 @@
 bodies (Content-Length, chunked, or read to close), and an abort that really closes the socket.
 
 Why not requests: on the gateway's hot path requests/urllib3/http.client cost more CPU than the
-gateway's own work (py-spy --gil of the gevent worker on the 82 KB Claude Code request: 17% of its
-CPU under `UpstreamPool._post`, building a PreparedRequest, merging settings, urllib3's pool and
-retry bookkeeping and http.client's header parsing per call, and again per streamed chunk in
-urllib3's read1). This client writes the request head and body in one send and parses the
+gateway's own work (building a PreparedRequest, merging settings, urllib3's pool and retry
+bookkeeping and http.client's header parsing per call, and again per streamed chunk in urllib3's
+read1). This client writes the request head and body in one send and parses the
 answer with a few bytes operations. It is plain blocking socket code, so under the gevent
 worker (monkey-patched sockets) every wait is cooperative, and under threads it is thread-safe.
 
@@ -345,9 +344,8 @@ class Http11Pool:
             raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A send buffer that takes an agent's request at once: from the 16 KB a connection starts
-        # with, gevent's sendall waited for the upstream to drain it several times per 80 KB
-        # request (~0.1 ms of the gateway's CPU on the recorded Claude Code request). The kernel
-        # caps it at net.core.wmem_max (x2).
+        # with, gevent's sendall waits for the upstream to drain it several times per 80 KB
+        # request, each wait a switch of the hub. The kernel caps it at net.core.wmem_max (x2).
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         sock.settimeout(self.timeout)
         if self.on_connect is not None:

@@ -250,8 +250,8 @@ def abort_id(request_id: str) -> str:
 class EnvOnceSession(requests.Session):
     """A requests session that reads the environment's proxy / CA-bundle settings once per
     upstream instead of on every request: requests walks all of os.environ (proxies, no_proxy)
-    per call, 15% of the gateway's CPU on a small chat call (cProfile of the gevent worker). The
-    settings are the ones requests would use; a running gateway's environment does not change."""
+    per call, a large share of a small call's CPU. The settings are the ones requests would use;
+    a running gateway's environment does not change."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -36,7 +36,8 @@ def load_answer(data: bytes, loads: Callable[[bytes], Any]) -> Any:
     """A vLLM answer carrying the prompt's ids (a stream's first chunk, or a plain answer's body),
     parsed by `loads`, with its `prompt_token_ids` (top level for chat, in the choice for
     completions) kept as text: a TokenIds (token_ids.py) instead of a list of Python ints, which
-    cost ~0.6 ms of CPU per call at 29k ids and which nothing on the gateway's path needs. The array is cut out of the bytes before parsing (fastjson.loads_cut) and put back
+    cost CPU in proportion to the prompt and which nothing on the gateway's path needs. The
+    array is cut out of the bytes before parsing (fastjson.loads_cut) and put back
     where the cut lands, when that is one of those two places; a chunk whose ids are anything but
     compact non-negative integers (vLLM's form), or whose cut landed anywhere else, is parsed as
     it is. (A key inside a JSON string cannot match: its quotes are escaped there.)"""

@@ -62,10 +62,10 @@ class ThenStore:
     """A plain reply's body, and the storing of its record to complete once the server has
     written it: the WSGI server calls `close()` after the body (and when writing it failed).
     Why: the record's MULTI is sent before the reply; its answer is read while the client
-    already reads its own, so a call's latency does not include that Redis round trip (on this
-    2-core VM a round trip was ~0.3 ms: bench_gateway.py's bare proxy with and without two).
+    already reads its own, so a call's latency does not include that Redis round trip.
     The next request on the connection is read only after `close()`, so a client's next call
-    finds its previous record stored (TITO reads it)."""
+    finds its previous record stored (TITO reads it; tests/test_deferred_store.py)."""
+
 
     __slots__ = ("data", "_after")
 

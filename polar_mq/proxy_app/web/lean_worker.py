@@ -1,12 +1,11 @@
 """A gunicorn gevent worker that serves the gateway's common request itself, and hands every other
 request, with the bytes already read, to gunicorn's own HTTP/1.1 handling.
 
-Why: py-spy (--gil, bench/bench_gateway.py's small chat call, session 9) put gunicorn's request
-handling at ~30% of the worker's CPU per call even with its C parser (gunicorn_h1c): per request
-it runs Python over every header twice (the header policy while parsing, then the WSGI environ),
-builds a Response object, formats the Date, and checks the peer against forwarded_allow_ips.
-Measured warm on one SDK request (17 headers): 66 µs for gunicorn's parse, environ and reply; the
-C parse alone is 5 µs. SDK clients and harnesses send one request shape almost always — a POST
+Why: gunicorn's request handling is a large share of the worker's CPU per call even with its C
+parser (gunicorn_h1c): per request it runs Python over every header twice (the header policy
+while parsing, then the WSGI environ), builds a Response object, formats the Date, and checks the
+peer against forwarded_allow_ips, while the C parse alone is a small fraction of that (figures:
+docs/benchmarks.md). SDK clients and harnesses send one request shape almost always — a POST
 with a Content-Length to a provider path, over a kept-alive HTTP/1.1 connection — and the
 gateway's FastPath (fastpath.py) already serves those without Flask.
 
@@ -26,7 +25,7 @@ Every other request — any method or path FastPath does not serve, a chunked up
 gunicorn would refuse (it parses the same bytes again and answers its own error) — goes to
 gunicorn: the connection continues in `AsyncWorker.handle` over `ReplaySocket`, which gives back
 the bytes read so far first. So a client sees gunicorn's behaviour for everything but the plain
-provider call, and for that one the same reply bytes as before (tests/test_lean_worker.py).
+provider call, and for that one the same reply bytes gunicorn writes (tests/test_lean_worker.py).
 
 What the lean path does not run: gunicorn's pre_request/post_request hooks and access log (the
 gateway configures neither). Set POLAR_GATEWAY_LEAN_HTTP=0 (or `--no-lean-http`) to serve every

@@ -14,8 +14,8 @@ prometheus_client at a fresh directory so that a scrape of any worker sums all o
 Updates are batched per process (`Batched`): a call adds to plain dicts, and the sums go into
 prometheus_client's values every FLUSH_INTERVAL s, at every scrape of this process, and at exit.
 Why: in multiprocess mode each `inc` takes a lock, checks the pid and writes the memory-mapped
-file; the seven value writes of a call (two histograms, three counters, the in-flight gauge up
-and down) were ~7% of a small call's CPU (py-spy --gil). The cost: a scrape answered by one
+file, and a call makes seven such writes (two histograms, three counters, the in-flight gauge up
+and down). The cost: a scrape answered by one
 worker sees another worker's calls up to FLUSH_INTERVAL s late (a scrape of the same worker, or
 of a single-worker gateway, sees everything), and a call that starts and ends between two flushes
 moves the in-flight gauge not at all (it is a sample).
@@ -205,7 +205,7 @@ class GatewayMetrics:
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once: labels() takes a lock and checks its
-        arguments on every call (~1.7% of a small call's CPU, py-spy)."""
+        arguments on every call."""
         key = (metric, labels)
         found = self._children.get(key)
         if found is None:

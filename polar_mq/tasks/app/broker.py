@@ -71,8 +71,8 @@ class HigherFirst:
 class Channel(HigherFirst, kredis.Channel):
     """kombu builds a new `redis.Redis` for every publish, every delivery's unacked entry and every
     ack (`conn_or_acquire`), all on the channel's one connection pool; with redis-py 5+ that
-    constructor (its response-callback tables) was ~12% of a pool's main process and ~9% of a
-    stage's publish (py-spy, bench/bench_dispatch.py). One client per channel and pool does the
+    constructor (its response-callback tables) is a large share of a pool's main process and of
+    a stage's publish (bench/bench_dispatch.py). One client per channel and pool does the
     same: connections still come from the pool per command, and a pool replaced after a
     reconnect gets a new client."""
 

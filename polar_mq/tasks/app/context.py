@@ -27,8 +27,8 @@ class GatewayClient:
 
     Registering a session, waiting for its calls to finish and reading them are three HTTP
     round trips per session, and at dispatch rates they cost more CPU (in the gateway and in the
-    client) than the rest of a no-op session's stages together (bench/bench_dispatch.py,
-    py-spy). The gateway keeps these records in Redis (polar_mq/store/core.py GatewayStore); when
+    client) than the rest of a no-op session's stages together (bench/bench_dispatch.py).
+    The gateway keeps these records in Redis (polar_mq/store/core.py GatewayStore); when
     `direct` (a GatewayStore on the worker's Redis) is given and the gateway is *seen* to use that
     same Redis, the client reads and writes them there itself, with the gateway's own code.
 
@@ -43,7 +43,7 @@ class GatewayClient:
         self.url = url.rstrip("/")
         self.http = requests.Session()
         # requests scans the environment (proxies, netrc) on every call unless told not to: do it
-        # once for the one URL this client talks to (cProfile: ~5% of a postrun's CPU).
+        # once for the one URL this client talks to.
         self.http.proxies = requests.utils.get_environ_proxies(self.url)
         self.http.trust_env = False
         # One client serves every slot of a threads pool: keep a connection per concurrent caller

@@ -51,7 +51,7 @@ def register_gateway(ctx: StageContext, rec: SessionRecord, task: TaskRequest, r
 
 
 def gateway_index(rec: SessionRecord) -> int:
-    """How many gateway sessions this session used before: each attempt (run takeover or re-init
+    """How many gateway sessions this session has used so far: each attempt (run takeover or re-init
     on another host) records its calls under a fresh one; the old ones stay listed in
     stats["abandoned_gateway_sessions"], so a trajectory holds exactly one attempt's calls."""
     return len(rec.stats.get("abandoned_gateway_sessions", [])) + (1 if rec.gateway_session_id else 0)

@@ -1,11 +1,11 @@
 """One daemon thread per process that calls each registered job when it is due.
 
 Stage bookkeeping that must run beside a stage — the lease heartbeat (lease.py) and the cancel
-flag poll (cancel_watch.py) — used a thread per stage, started and, at the stage's end, woken to
-exit: three per session. py-spy (--gil, bench_dispatch) put 7-10% of the run and postrun pool
-children in that wake-up (Event.set / Condition.notify) alone. A ticker polls its jobs instead; a
-job that ends only leaves the set. A process forked while the thread runs starts its own on its
-first job.
+flag poll (cancel_watch.py) — would otherwise take a thread per stage, started and, at the
+stage's end, woken to exit (three per session), and that wake-up (Event.set / Condition.notify)
+alone is a visible share of a pool child's CPU (bench/bench_dispatch.py). A ticker polls its jobs
+instead; a job that ends only leaves the set. A process forked while the thread runs starts its
+own on its first job.
 """
 
 from __future__ import annotations
