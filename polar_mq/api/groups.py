@@ -1,6 +1,6 @@
 """Groups for trainers: `GET /v1/groups/next` leases finished tasks, `POST .../ack` consumes them.
 
-The queue itself (leases, redelivery, delivery counts) is `group_queue.GroupQueue` in Redis;
+The queue itself (leases, redelivery, delivery counts) is `store.groups.GroupQueue` in Redis;
 this module only validates the query and shapes a Group from the stored task, its sessions and
 their trajectories.
 """

@@ -67,7 +67,7 @@ class Grade:
 class GradeContext:
     """What a grader may use besides the trajectory.
 
-    Typed (it was a dict of dicts) so every grader and helper reads the same named fields, and a
+    Typed (not a dict of dicts) so every grader and helper reads the same named fields, and a
     grader run outside the pipeline (tests, offline re-grading) builds one from what it has:
     `GradeContext(runtime=handle, runtime_spec=spec)` is enough for the workspace helpers.
     """

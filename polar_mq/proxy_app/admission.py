@@ -8,7 +8,7 @@ small upstream call. So (tests/test_early_admission.py, tests/test_pause.py):
 - `enter` runs one script that (a) checks that a session key resolved from this process's cache
   still names the session (a session collected by retention answers 401), (b) refuses a
   cancelled session, (c) registers the call in the session's in-flight hash (postrun waits on it),
-  and (d) does the pause admission of pause_state.py in the same atomic step: not paused → counted
+  and (d) does the pause admission of store/pause.py in the same atomic step: not paused → counted
   in flight for this gateway and stamped with the policy version. A paused call is registered but
   not counted; the pause gate then holds it (pause.py).
 - `send_enter` sends that script as soon as the request's head names the session, before the body
@@ -44,7 +44,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then return {1, 0, v} end
 redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 return {1, 1, v}
 """
-# the uncount of pause_state._END, sent as EVAL inside the record's MULTI (no extra round trip)
+# the uncount of store/pause.py _END, sent as EVAL inside the record's MULTI (no extra round trip)
 _LEAVE = """
 local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
