@@ -14,7 +14,7 @@ clients and harnesses hold them; bodies as compact JSON, as the SDKs and Claude 
     third request: 26 tools, a tool result; sent non-streamed): the chat request the gateway
     would send (the Anthropic adapter's translation) direct vs the Anthropic request through
     the gateway (translation + capture + Redis);
-  * the synthetic ~80 KB system-prompt request of earlier runs (same pairing);
+  * a synthetic ~80 KB system-prompt request (same pairing);
   * a long streamed answer (openai chat, `polar:long`): gateway CPU per streamed token;
   * throughput: small calls from 8 client threads for a few seconds;
   * optionally the same through LiteLLM's proxy (Anthropic → the same upstream), when a LiteLLM
@@ -25,7 +25,7 @@ process over the series, from psutil) and the worker's RSS side by side.
 With `--baseline REF` (default main) the gateway of that ref (a `git archive`, first on its
 PYTHONPATH) runs next to this tree's, against the same stand-in and Redis, and every series
 alternates between them in rounds, so both see the same load on a shared box; a last table
-prints the issue-15 goals side by side.
+prints the headline figures (docs/benchmarks.md) side by side.
 
     python bench/bench_gateway.py [-n 200] [--baseline main] [--litellm-python /tmp/litellm-venv/bin/python]
 

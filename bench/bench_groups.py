@@ -1,5 +1,6 @@
 """Groups for trainers: hand-out throughput and the latency from "last session finished" to "the
-trainer has the group", against what a trainer had before (poll task status, then fetch results).
+trainer has the group", against polling (task status, then fetch results).
+
 
 Real parts: a private redis-server, the rollout API as a real process (`polar-mq api`, gunicorn),
 the gateway and the stand-in model. The trajectory in every session is a real one: the recorded

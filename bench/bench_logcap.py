@@ -1,5 +1,5 @@
 """Harness output through the size-capped log (a pipe pumped into logcap.RotatingLog) vs the
-child writing its log file directly (how the local/bwrap runtimes did it before the cap).
+child writing its log file directly (no cap: the baseline).
 
 Runs the same output-heavy commands both ways, alternating, and prints seconds, MB/s and the
 capped/direct ratio side by side, plus the bytes each way leaves on disk:

@@ -1,4 +1,4 @@
-"""Redis bytes of one long Claude-Code-sized session: whole records (before) vs chunked (after).
+"""Redis bytes of one long Claude-Code-sized session: whole records (baseline) vs chunked (GatewayStore).
 
 The session is grown from the real Claude Code request in tests/replays/claude_code/anthropic.json
 (its 24 tools, system blocks with the per-turn billing line, metadata, thinking config): every
@@ -8,8 +8,8 @@ gateway's Anthropic adapter (`to_chat`) and the stand-in model's tokenizer and c
 `messages`, `tools` and `prompt_token_ids` are what the gateway would record; the sampled ids are
 the tokens of the tool call, with logprobs.
 
-Before: each record as one msgpack blob in a Redis list (the old layout). After: GatewayStore
-(record_codec: each chunk once per session, zlib). Both are measured in the same run with
+Baseline: each record as one msgpack blob in a Redis list. GatewayStore: store/codec.py, each
+chunk once per session, zlib. Both are measured in the same run with
 `MEMORY USAGE key SAMPLES 0` in a private redis-server, and the records read back are compared
 with what was written.
 
