@@ -4,8 +4,8 @@ An agent session re-sends its whole conversation on every call, so storing each 
 makes a session's storage quadratic in its turns (a 30-turn session took 21x its information).
 Here a record becomes an *envelope* plus *chunks*:
 
-- chunks are content-addressed (the first 12 bytes of the SHA-256 of their msgpack bytes; BLAKE2b
-  before December 2026, whose digests decode the same: a digest is only a key) and stored once
+- chunks are content-addressed (the first 12 bytes of the SHA-256 of their msgpack bytes; records
+  written with BLAKE2b digests decode the same: a digest is only a key) and stored once
   per session in one Redis hash, each zlib-compressed when that is smaller;
 - the envelope keeps the record's small fields inline and a digest (msgpack `bin`, which JSON
   data never contains, so a `bytes` value is always a reference) where a chunk was:
