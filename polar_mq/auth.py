@@ -6,6 +6,8 @@ One token protects the rollout API (``POLAR_API_TOKEN``) and the gateway's admin
 writes the file, so a fresh ``polar-mq up`` is never open; the CLI and ``polar_mq.client.Client``
 read the same file. Workers and gateways get the token from their settings, never from a sandbox's
 environment (runtimes build a sandbox's environment from scratch).
+
+Tests: tests/test_trust_tokens.py, tests/test_trust_callbacks.py.
 """
 
 from __future__ import annotations

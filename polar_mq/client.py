@@ -7,6 +7,8 @@
     trajectories = c.results(task["task_id"], status="COMPLETED", min_reward=0.5)["trajectories"]
 
 Errors come back as `ApiError` carrying the problem details the API answered.
+
+Tests: tests/test_client_cli.py, tests/test_groups.py.
 """
 
 from __future__ import annotations

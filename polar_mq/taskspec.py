@@ -2,6 +2,8 @@
 
 Validation errors name the field (`agent.harness`, `runtime.prepare[2].cmd`) so the API can answer
 a JSON problem-details 400 that says exactly what to fix.
+
+Tests: tests/test_api.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ engines with `mode`. From the moment the flag is set no generation is admitted a
 polar_mq/store/pause.py). `POST /v1/admin/resume {"policy_version": V}` sets the upstreams' weight
 version, resumes them, then sets V and lifts the flag in one transaction: every call admitted
 after it is stamped `policy_version = V`.
+
+Tests: tests/test_pause.py, tests/test_api.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The Flask app factory of the rollout API."""
+"""The Flask app factory of the rollout API.
+
+Tests: tests/test_api.py, tests/test_fuzz_api.py.
+"""
 
 from __future__ import annotations
 

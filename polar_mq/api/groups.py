@@ -3,6 +3,8 @@
 The queue itself (leases, redelivery, delivery counts) is `store.groups.GroupQueue` in Redis;
 this module only validates the query and shapes a Group from the stored task, its sessions and
 their trajectories.
+
+Tests: tests/test_groups.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The rollout endpoints: submit, status, results, cancel, sessions, task list."""
+"""The rollout endpoints: submit, status, results, cancel, sessions, task list.
+
+Tests: tests/test_api.py, tests/test_fuzz_api.py.
+"""
 
 from __future__ import annotations
 

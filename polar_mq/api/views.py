@@ -1,4 +1,7 @@
-"""JSON views of tasks and sessions (pure functions: records in, dicts out)."""
+"""JSON views of tasks and sessions (pure functions: records in, dicts out).
+
+Tests: tests/test_api.py, tests/test_orphans.py.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Client-side sub-commands of `polar-mq`: api, submit, status, results, cancel.
 
 `add_commands(subparsers)` registers them; each sets `func` to a handler returning an exit code.
+
+Tests: tests/test_client_cli.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Nodes (alive while their pools beat), the pools on each (stage, queues, concurre
 of every stage queue (shared and per-node), READY occupancy (prepared sessions waiting for a run
 slot vs the buffer's capacity) and the session states. Read straight from Redis, so it works on
 any host that can reach it, with or without the API.
+
+Tests: tests/test_many_hosts.py.
 """
 
 from __future__ import annotations

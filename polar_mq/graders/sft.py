@@ -17,6 +17,8 @@ across worker processes (an flock around append + counts). The trajectory itself
 usual either way, with `metadata["sft"] = "accepted" | "rejected" | "error"` (the postrun stage
 sets it from `record`'s answer) and `metadata["sft_file"]` (the SFT file's path on the worker; set by
 `record`), which `polar-mq results ID --format sft` uses to export the accepted rows and counts.
+
+Tests: tests/test_graders.py.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ opencode.py, pi.py) are `CliHarness`es: a pinned npm package, the wire APIs the 
 `configure` function that writes its config files and returns a `CliLaunch`; what they share —
 API names, HOME/XDG isolation, JSON config writing, base-URL spelling, the options check, the
 max-turns hook — is here. `registry.py` lists them.
+
+Tests: tests/test_real_cli.py, tests/test_harnesses_e2e.py.
 """
 
 from __future__ import annotations

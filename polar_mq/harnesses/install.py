@@ -14,6 +14,8 @@ Command line (wired as ``polar-mq harness install NAME...``)::
     polar-mq harness install [--dir DIR] NAME... | all
     polar-mq harness list
     polar-mq harness path NAME
+
+Tests: tests/test_harnesses_e2e.py, tests/test_harness_limits.py.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ gateway reads it from the upstream's /v1/models); a task can override both numbe
 `agent.options.context_window` / `agent.options.max_output_tokens`. The output limit defaults to
 the task's sampling cap (`agent.sampling.max_tokens`, which the gateway enforces anyway), else a
 quarter of the window (at most 32k), so that window - output leaves room for the conversation.
+
+Tests: tests/test_harness_limits.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 The names are the task spec's (`tasks.taskspec.HARNESSES`, checked when a task is submitted, in
 the API process, which never loads harness code); each name is one module here that defines
 `HARNESS`, its class. So adding a harness is one module plus its name in the spec.
+
+Tests: tests/test_runtimes_harness_launch.py, tests/test_shape.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """per_request: one trace per model call. The baseline every trainer understands; it repeats
-the shared history in every trace, which is what prefix_merging avoids."""
+the shared history in every trace, which is what prefix_merging avoids.
+
+Tests: tests/test_merge.py.
+"""
 
 from __future__ import annotations
 

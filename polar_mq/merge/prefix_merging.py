@@ -6,6 +6,8 @@ end-of-turn token the sampled ids lacked: mask 0, logprob 0). Unlike the referen
 does not depend on arrival order, nothing is dropped at a break (the rest of the conversation
 becomes another trace, labelled and linked), and side calls, sub-agents, retries and forks are
 separated and labelled in ``trace.metadata``.
+
+Tests: tests/test_merge.py, tests/test_merge_properties.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Choosing and running a builder by name, so a TaskRequest's ``builder: {strategy, config}``
-maps to code in one place: built-ins by name, custom builders by ``module:Class``."""
+maps to code in one place: built-ins by name, custom builders by ``module:Class``.
+
+Tests: tests/test_merge.py.
+"""
 
 from __future__ import annotations
 

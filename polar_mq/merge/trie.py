@@ -4,6 +4,8 @@ Parent search must be order-independent and cheap on long sessions (50 calls of 
 Comparing every pair of calls is quadratic in calls *and* tokens; the trie stores each call's
 prompt+completion once as slices of the original lists and walks a prompt edge by edge, comparing
 whole edges with C-speed list slices instead of token-by-token Python loops.
+
+Tests: tests/test_merge.py, tests/test_merge_properties.py.
 """
 
 from __future__ import annotations

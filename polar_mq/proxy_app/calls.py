@@ -14,6 +14,8 @@ work stopped as soon as nobody wants it.
   id, plain calls are streamed from the upstream internally and assembled into the same result
   (vLLM runs a plain request to its end when its connection closes).
 - What was sampled before the abort stays in the record (status `error`, error `cancelled: ...`).
+
+Tests: tests/test_cancel.py, tests/test_stream_handover.py.
 """
 
 from __future__ import annotations

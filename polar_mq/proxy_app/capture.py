@@ -2,6 +2,8 @@
 
 When Redis is down the record is spooled to a local msgpack file and the client gets a 503;
 `replay_spool` pushes spooled records back into Redis once it is reachable again.
+
+Tests: tests/test_deferred_store.py, tests/test_storage.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ the call's exit from flight → adapter.from_chat back to the client. A streamed
 streams from the upstream too: each chunk becomes normalised events (vllm_wire.StreamAccumulator),
 which the adapter's translator turns into provider frames at once; the record is stored before
 the final event goes out.
+
+Tests: tests/test_gateway.py, tests/test_gateway_inprocess.py, tests/test_stream_handover.py.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ While paused a generation waits here — before anything goes upstream — for a
 may be half-updated. The wait is recorded on the call (`held_ms`, a note) and is not part of
 `latency_ms`. The session's wall-clock budget (`timeout_seconds`) keeps running while a call
 is held; `held_ms` makes that time visible per call and trajectories sum it (`held_seconds`).
+
+Tests: tests/test_pause.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ detokenised alone with the upstream's `/detokenize` (vLLM's endpoint; the stand-
 few at a time, and cached in Redis per served model: the map of an id to its text never changes
 for a model, so every gateway and every later page shares the work. A byte-level token that is
 only part of a UTF-8 character comes back as U+FFFD, as vLLM decodes it alone.
+
+Tests: tests/test_metrics_live.py.
 """
 
 from __future__ import annotations

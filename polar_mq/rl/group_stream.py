@@ -13,6 +13,8 @@ It long-polls `GET /v1/groups/next`, then, client-side and by the caller's choic
 Groups handed to the caller are NOT acked: call `stream.ack(group)` after the optimizer step
 (`auto_ack=True` acks on hand-out instead). A trainer that dies before acking gets its groups
 again once their lease runs out (`group.delivery` > 1).
+
+Tests: tests/test_groups.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Which weights sampled what: copy a task's `metadata.policy_version` onto its trajectory and
 every trace (contract), and show per trace the versions its calls were actually sampled with
 (`CaptureRecord.policy_version`, stamped by the gateway), so a session that straddled a weight
-sync is visible call by call. Pure function over the built trajectory and its records."""
+sync is visible call by call. Pure function over the built trajectory and its records.
+
+Tests: tests/test_pause.py, tests/test_trainer_mappings.py.
+"""
 
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ reachable only with ``allow_internet``.
 ``runtime.workdir`` (optional) is where the session's work dir appears inside (a bind of the
 session's ``work`` dir); ``gpus`` binds the host's /dev. ``cpus``/``memory_mb`` are not enforced
 by bubblewrap (it has no cgroup support); they are logged and ignored.
+
+Tests: tests/test_runtimes_bwrap.py, tests/test_trust_sandbox.py.
 """
 
 from __future__ import annotations

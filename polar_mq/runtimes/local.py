@@ -3,6 +3,8 @@
 The harness runs in its own process group so a timeout or cancel kills the whole tree, and with
 PR_SET_PDEATHSIG so it dies with the worker that started it; a takeover also kills the recorded
 group, so a session is never run twice at the same time.
+
+Tests: tests/test_local_launch.py, tests/test_logcap.py.
 """
 
 from __future__ import annotations

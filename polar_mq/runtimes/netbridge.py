@@ -21,6 +21,8 @@ A gateway on *another host* (a cluster: ``--public-url http://hub:8600``) is for
 way without giving the sandbox the host's network: the sandbox listens on ``127.0.0.1:PORT`` and
 the worker host relays to ``hub:PORT`` (:func:`sandbox_forwards`); the harness is handed the
 loopback URLs (:func:`sandbox_urls`). Only the gateway is reachable, nothing else on that host.
+
+Tests: tests/test_netbridge_remote.py, tests/test_trust_sandbox.py.
 """
 
 from __future__ import annotations

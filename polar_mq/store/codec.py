@@ -17,6 +17,9 @@ Here a record becomes an *envelope* plus *chunks*:
   block stays inline. Sampled ids and logprobs stay inline (they are unique to a call).
 
 Decoding gives back exactly the record that was encoded; `GET /sessions/<id>/calls` is unchanged.
+
+Tests: tests/test_record_codec_blocks.py, tests/test_record_envelope_zlib.py,
+tests/test_storage.py.
 """
 
 from __future__ import annotations

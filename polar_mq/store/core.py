@@ -2,6 +2,8 @@
 
 Gateway sessions, their keys and their capture records live here; later stages (API, workers)
 add their own keys to `Keys` rather than spelling key strings elsewhere.
+
+Tests: tests/test_storage.py, tests/test_deferred_store.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ task → lease expiry, `group:<task>` hash (finished_at, delivery, leased_until,
 ack_reason), `task:<task>:terminal` SET of terminal sessions, `groups:wakeup` list (wakes
 long-polling `wait`ers). The scripts build `group:<task>` names from a prefix, so they need a
 single Redis node (no Redis Cluster), as the rest of the pipeline does.
+
+Tests: tests/test_groups.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ full the READY buffer was; the rollout API renders the sums at `/metrics`. One R
 histogram: a count per bucket (non-cumulative; cumulated when rendered), a sum and a count per
 label value. Observations are HINCRBYs queued on the caller's pipeline, so they land atomically
 with the state change they describe.
+
+Tests: tests/test_session_cas.py, tests/test_metrics_live.py.
 """
 
 from __future__ import annotations

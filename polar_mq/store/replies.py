@@ -5,6 +5,8 @@ clients awaitables too) because `decode_responses` is a per-client setting the t
 cannot see. No client here sets it (store.connect and the gateway's redis_client make them all),
 so every reply is bytes. These helpers narrow a reply once, where it is read, and raise if a
 decoding client ever slips in instead of handing a `str` to code that expects bytes.
+
+Tests: tests/test_shape.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ instead of WATCH + GET + GET lease + MULTI/EXEC; the side effects of the move (a
 histogram observation; for a terminal state: the active set, the READY slot and list, the
 counters and the group queue's "last session finished" step) run inside the same script, so they
 land atomically with it as they did inside the MULTI.
+
+Tests: tests/test_session_cas.py.
 """
 
 from __future__ import annotations

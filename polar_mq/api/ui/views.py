@@ -3,6 +3,8 @@
 The browser renders these; the interesting work happens here: where each call's sampled tokens
 start inside a merged trace, what two prompts look like where a chain broke or forked, GRPO
 advantages of a group (the trainer's own, polar_mq.rl.advantages), a session's stage timeline.
+
+Tests: tests/test_ui_views.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Choices that matter for training data:
 - Thinking blocks carry a signature we issue ourselves (the reasoning token of reasoning.py). When
   the client sends the block back, the signed original reasoning is used, so the history sent upstream
   holds exactly what the model produced even if a client trims or rewrites the visible text.
+
+Tests: tests/test_anthropic.py, tests/test_adapter_kit.py, tests/test_round_trips.py.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Streaming has one path per provider: the gateway turns the upstream's chunks int
 `StreamEvent`s (start, reasoning/text deltas, tool-call start, tool-argument deltas, finish) as they
 arrive, and the adapter's translator turns each event into provider frames at once. A synthetic
 stream (an upstream that cannot stream token ids) is the same translator fed by `replay(result)`.
+
+Tests: tests/test_adapter_kit.py, tests/test_adapters_without_orjson.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ Tool-call ids: the client's `functionCall.id` when given; otherwise a positional
 (`call_<content>_<part>`), unique within the conversation and identical on every replay of the same
 history, so the upstream prompt stays a token prefix of the next one. `functionResponse`s without an
 id take the oldest unanswered call of the same name (else the oldest unanswered call).
+
+Tests: tests/test_gemini.py, tests/test_adapter_kit.py, tests/test_round_trips.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """OpenAI Chat Completions ⇄ normalised chat (the upstream's own dialect, so mostly validation).
 
 Clients: Qwen Code, opencode / pi with an openai-compatible provider, the openai SDK.
+
+Tests: tests/test_adapter_kit.py, tests/test_round_trips.py.
 """
 
 from __future__ import annotations

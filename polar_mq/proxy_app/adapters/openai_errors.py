@@ -3,6 +3,8 @@
 `{"message", "type", "param", "code"}`: the openai SDKs raise on `type`/status, and clients read
 `code` to tell errors apart (Codex stops retrying on `context_length_exceeded`; opencode and pi show
 `invalid_api_key`). An error may name its own `param` / `code` in `GatewayError.detail`.
+
+Tests: tests/test_adapter_kit.py.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ We are stateless: `previous_response_id` / `conversation` are refused (clients w
 like Codex, always resend the whole history). Reasoning is handed back inside `encrypted_content`
 as our own readable token (reasoning.py), so the exact reasoning text returns upstream on the next
 turn.
+
+Tests: tests/test_openai_responses.py, tests/test_adapter_kit.py.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ client requests still round-trip: "polar1." + urlsafe-base64(zlib(text)) (Anthro
 "polar.r1." + urlsafe-base64(JSON {"reasoning": text}) (Responses) and
 base64(b"pmq1:" + zlib(JSON {"r": text})) (Gemini). Anything else — OpenAI's or Google's own
 tokens, Gemini CLI's "skip_thought_signature_validator", corrupt data — decodes to None.
+
+Tests: tests/test_adapter_kit.py, tests/test_anthropic.py, tests/test_gemini.py.
 """
 
 from __future__ import annotations

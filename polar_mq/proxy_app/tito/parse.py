@@ -11,6 +11,8 @@ the request nothing is parsed as a tool call and special tokens are dropped from
 `StreamParser` gives the same message piece by piece: it emits only what can no longer change
 (a partial tag at the end is held back), so the pieces concatenate to exactly `parse_text`'s
 result.
+
+Tests: tests/test_tito_parse.py.
 """
 
 from __future__ import annotations

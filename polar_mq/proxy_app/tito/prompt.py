@@ -7,6 +7,8 @@ with the same template, so template logic that looks at the whole history (Qwen3
 The parent's reply is replaced by a sentinel message, and the tail is what follows the sentinel's
 end-of-turn token. What the model sampled is never re-rendered: the ids that matter for training
 stay exactly the ids that were sampled.
+
+Tests: tests/test_tito.py.
 """
 
 from __future__ import annotations

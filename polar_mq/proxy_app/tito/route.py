@@ -13,6 +13,8 @@ conversations only. The price is that the gateway parses tool calls and reasonin
 The route looks like the upstream pool to the gateway (`chat`, `open_stream`, ...) and answers in
 chat-completion shape, chunks included, so everything after it (stream accumulation, the
 provider adapters, the record) is the messages path's code.
+
+Tests: tests/test_tito.py; tests/vllm/test_contract.py.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Semantics kept from requests as the upstream pool uses it:
 
 Only plain http without a proxy: the pool keeps requests for https upstreams and for upstreams
 behind an environment proxy (upstream.py).
+
+Tests: tests/test_http11.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The gateway's Flask app: everything but the provider calls (the sessions API, health, metrics,
 token text, model lists, Codex's WebSocket probe). The provider calls are FastPath's (fastpath.py,
 the endpoints of routes.py), installed here in front of Flask's WSGI app.
+
+Tests: tests/test_gateway.py, tests/test_gateway_inprocess.py.
 """
 
 from __future__ import annotations

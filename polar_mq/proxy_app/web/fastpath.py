@@ -8,6 +8,9 @@ hot path (bench/bench_gateway.py). One decoder for all of them: the key from the
 or the SDK's header, the body (sized or chunked, capped at the gateway limit), the client's retry
 count; errors in the provider's shape, an unexpected exception logged and answered in it too;
 replies serialised with orjson (compact UTF-8 JSON, key order kept).
+
+Tests: tests/test_gateway_inprocess.py, tests/test_deferred_store.py,
+tests/test_early_admission.py.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ TITO fields come from another part of the gateway and are read with getattr, so 
 work on records with and without them: `tito` true counts a continuation; a record that extends
 a recorded call (`parent_call_id` set) but went upstream re-rendered (`tito` false) counts a break
 (the token prefix of the conversation was not carried over).
+
+Tests: tests/test_metrics_live.py.
 """
 
 from __future__ import annotations

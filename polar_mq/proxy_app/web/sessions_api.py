@@ -2,6 +2,8 @@
 
 Errors here are JSON problem details (RFC 9457), not provider shapes: callers are our own
 pipeline and scripts, not harnesses.
+
+Tests: tests/test_gateway.py, tests/test_api.py.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
 Modules: `readers` (files → rows), `swebench_rows` (SWE-bench / SWE-Gym rows → swebench-graded
 tasks, image names), `build` (template merge, ids, sampling options), `submit` (submission with
 per-row results).
+
+Tests: tests/test_datasets.py.
 """
 
 from polar_mq.rl.datasets.build import BuiltTask

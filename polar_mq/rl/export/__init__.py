@@ -4,6 +4,8 @@ Token-level rows (one per trace) carry `prompt_ids`, `response_ids`, `loss_mask`
 `reward`, ids, the trace role and the metadata as a JSON string, so the files load with
 `datasets.load_dataset("json" | "parquet", data_files=...)`. SFT rows are OpenAI-chat
 `{"messages", "tools"}` records. Filters: status, minimum reward, harness, trace role.
+
+Tests: tests/test_export.py.
 """
 
 from polar_mq.rl.export.core import FORMATS

@@ -12,6 +12,8 @@ the grader could not say) is left out and does not count towards the group's bas
 TIMEOUT keeps its reward (the grader scored what was done). A group with fewer than two usable
 trajectories, or (``drop_constant``) with one reward for all, teaches GRPO nothing and yields no
 rows (``GroupBatch.skipped`` says why).
+
+Tests: tests/test_trainer_mappings.py.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ Weights: TRL trains the model in-process; the engine behind the gateway must get
 step (``sync_callback``: a ``TrainerCallback`` that saves the weights and calls your sync, e.g.
 ``examples/grpo/vllm_policy.sync``), and ``policy_version`` = the trainer's global step is set on
 each task, so groups and records say which weights sampled them.
+
+Tests: tests/test_trl_rollout.py.
 """
 
 from __future__ import annotations

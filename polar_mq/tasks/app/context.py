@@ -1,4 +1,7 @@
-"""What a stage needs: settings, the pipeline store, the gateway and a way to enqueue stages."""
+"""What a stage needs: settings, the pipeline store, the gateway and a way to enqueue stages.
+
+Tests: tests/test_dispatch_paths.py.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ node's pools consume (next to the shared `run` / `postrun`, which they consume t
 whose runtime's node is gone goes to the shared queue (it can build and grade from the gateway's
 calls; teardown is skipped). A run whose node is gone is never sent anywhere: the janitor
 re-initialises the session.
+
+Tests: tests/test_publish.py, tests/test_many_hosts.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ stop the harness then, within 0.6 × TTL of the last renewal. A cancel check tha
 blocks that loop for as long as Redis is unreachable (the client rides out outages), so a host cut
 off from Redis kept its harness running for the whole partition. The flag is read here, by a
 thread, and `should_stop` only looks at two in-memory events.
+
+Tests: tests/test_cancel.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ its worker: its stage task is enqueued again and the new worker takes over. A se
 runtime's host is gone is re-initialised elsewhere, and messages held by dead workers are put back
 (recovery.py). One janitor runs at a time cluster-wide (a Redis lock); every worker runs the loop,
 so there is always one.
+
+Tests: tests/test_pipeline_faults.py, tests/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

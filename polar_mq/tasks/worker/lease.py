@@ -9,6 +9,8 @@ successful renewal (Redis unreachable, the host cut off, the process paused), i.
 lease can lapse in Redis, so it stops its harness before anyone else may start the stage again.
 Its token also fences every write (PipelineStore.transition(fence=...)): after the lapse no write
 of this attempt is accepted, whatever the worker believes.
+
+Tests: tests/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@
    session moved on are dropped from the hash (their stage would skip them anyway).
 2. Dead hosts. A session whose runtime lives on a node that stopped beating is prepared again on
    another host (READY/RUNNING → INITIALIZING, a new attempt, a fresh gateway session).
+
+Tests: tests/test_fencing_recovery.py, tests/test_many_hosts.py.
 """
 
 from __future__ import annotations
