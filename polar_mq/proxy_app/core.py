@@ -115,7 +115,7 @@ class Storing:
             raise
         if stored:
             gw.pause.released(counted)
-        else:  # Redis down: each is tried on its own (and warns) as before
+        else:  # Redis down: each is tried on its own (and warns)
             gw.pause.release(counted)
         gw.registry.finish(self.inflight, stored=stored)
         return error
@@ -134,8 +134,8 @@ class Handover:
     """A streamed call's reading, passed from its reader thread to the client's writer.
 
     The reader (Gateway.stream_call) opens the upstream stream and sends the first events
-    through the channel, so that the writer's first-byte wait, early errors and pings while the
-    pause holds the call work as before; then it hands the rest of the call's steps to the
+    through the channel, so that the writer's first-byte wait, early errors (with their HTTP
+    status) and pings while the pause holds the call go out first; then it hands the rest of the call's steps to the
     writer, which reads the upstream itself. Each frame then costs one thread instead of two
     and no queue hop (under the gevent worker a hop is two more switches through the hub and a
     Timeout per wait). The upstream read waits at most a ping interval (idle mode: the writer

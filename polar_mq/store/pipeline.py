@@ -311,9 +311,10 @@ class PipelineStore:
         return replies.texts(self.r.smembers(self.keys.active_sessions()))
 
     def enter_stage(self, session_id: str, accepts: Iterable[str], token: str, ttl: float) -> StageEntry:
-        """A stage's first step in one round trip (was GET session, SET lease NX, EXISTS cancel
-        flag: three): the record; if its state is in `accepts`, the lease taken for `token`
-        (never taken for a state the stage skips, as before); the task's cancel flag."""
+        """A stage's first step in one round trip (not three: GET session, SET lease NX, EXISTS
+        cancel flag): the record; if its state is in `accepts`, the lease taken for `token`
+        (never taken for a state the stage skips); the task's cancel flag."""
+
         accepts = list(accepts)
         prefix, suffix = self.keys.task_cancelled("\0").split("\0")
         answer = self._enter(keys=[self.keys.session(session_id), self.keys.lease(session_id)],

@@ -1,7 +1,7 @@
 """One round trip per session state change: a Lua compare-and-set on the session record.
 
-`PipelineStore.transition` decides in Python (state machine, `expect`, history, timings — the
-same code as before) on a record it read, then this script writes the new record only if, in
+`PipelineStore.transition` decides in Python (state machine, `expect`, history, timings) on a
+record it read, then this script writes the new record only if, in
 Redis and in one atomic step, the stored record is still byte-for-byte the one the decision was
 made on and the session's lease still holds the writer's fencing token. Otherwise nothing is
 written: a lost fence answers 0 (refused, as a WATCH/MULTI would after the lease check), a

@@ -336,7 +336,7 @@ class SseParser:
 
     def end(self) -> Iterator[bytes]:
         """The body ended: a last payload without its blank line still counts."""
-        self._partial = []  # a last line without its newline counts for nothing, as before
+        self._partial = []  # a last line without its newline counts for nothing
         if self._data:
             data, self._data = b"\n".join(self._data), []
             yield data

@@ -136,7 +136,7 @@ class GatewayClient:
             while True:
                 try:
                     n, calls = self.direct.inflight_and_calls(session_id)
-                except Exception:  # Redis unreachable: the two steps below, as before
+                except Exception:  # Redis unreachable: the two steps below, one by one
                     break
                 if n == 0 or time.monotonic() >= deadline:
                     return n, [as_record(call, session_id) for call in calls]
