@@ -44,7 +44,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2",
             "hypothesis>=6",
-            "schemathesis>=4.3",  # fuzzes the rollout API from its own /openapi.json (tests/test_fuzz_api.py)
+            "schemathesis>=4.3",  # fuzzes the rollout API from its own /openapi.json (tests/api/test_fuzz_api.py)
             "openai>=1.40",
             "anthropic>=0.40",
             "google-genai>=1.0",

@@ -7,7 +7,7 @@ writes the file, so a fresh ``polar-mq up`` is never open; the CLI and ``polar_m
 read the same file. Workers and gateways get the token from their settings, never from a sandbox's
 environment (runtimes build a sandbox's environment from scratch).
 
-Tests: tests/test_trust_tokens.py, tests/test_trust_callbacks.py.
+Tests: tests/trust/test_trust_tokens.py, tests/trust/test_trust_callbacks.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 Errors come back as `ApiError` carrying the problem details the API answered.
 
-Tests: tests/test_client_cli.py, tests/test_groups.py.
+Tests: tests/cli/test_client_cli.py, tests/api/test_groups.py.
 """
 
 from __future__ import annotations

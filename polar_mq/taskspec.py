@@ -3,7 +3,7 @@
 Validation errors name the field (`agent.harness`, `runtime.prepare[2].cmd`) so the API can answer
 a JSON problem-details 400 that says exactly what to fix.
 
-Tests: tests/test_api.py.
+Tests: tests/api/test_api.py.
 """
 
 from __future__ import annotations

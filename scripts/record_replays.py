@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record what the real agent CLIs send, as replay fixtures for tests/test_replays.py.
+"""Record what the real agent CLIs send, as replay fixtures for tests/adapters/test_replays.py.
 
 Each harness (optionally with a wire API: ``pi:anthropic``) runs headless through the gateway
 against the stand-in model with the task "write a file via a tool, then finish".  A small

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real single-node Slurm on this machine (slurmctld + slurmd, munge for auth), for
-# tests/test_slurm.py and .ci/run. Idempotent: a running, idle-or-busy node is left as it is.
+# tests/deploy/test_slurm.py and .ci/run. Idempotent: a running, idle-or-busy node is left as it is.
 #
 #   scripts/slurm_single_node.sh          # configure, start, wait until `sinfo` shows the node up
 #   scripts/slurm_single_node.sh stop     # stop the daemons this script started (by pid file)

@@ -11,12 +11,12 @@ docs/benchmarks.md). Three parts of it repeat the same work on every request:
   * a reply with a Content-Length goes out as two `sendall`s, its head and then its body (two
     system calls and two TCP segments for one small JSON answer). When the app hands over the
     whole body in one piece, head and body leave in one write; the bytes are unchanged
-    (tests/test_gunicorn_tuning.py).
+    (tests/gateway/test_gunicorn_tuning.py).
 
 Each replaces a module attribute gunicorn itself calls through (`util.http_date`,
 `http.message._ip_in_allow_list`, `http.wsgi.Response.write`) with a function that gives the
 same result; `install()` is idempotent and runs in `serving.serve_wsgi` before the workers start.
-tests/test_gunicorn_tuning.py holds each to gunicorn's own answer.
+tests/gateway/test_gunicorn_tuning.py holds each to gunicorn's own answer.
 """
 
 from __future__ import annotations

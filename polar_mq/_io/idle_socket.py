@@ -7,7 +7,7 @@ that, but under gevent's monkey-patching `select` is emulated with a poll object
 call, a noticeable share of a small call's CPU (redis-py runs one before every command). A
 MSG_PEEK|MSG_DONTWAIT recv on the OS socket answers the same question in one syscall: EAGAIN →
 open and quiet; b"" → closed by the peer; bytes → data nobody asked for (not reusable either;
-tests/test_idle_socket.py).
+tests/gateway/test_idle_socket.py).
 """
 
 from __future__ import annotations

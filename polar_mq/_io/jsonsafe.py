@@ -6,8 +6,8 @@ Infinity, lone surrogates (``"\\ud800"``), integers beyond 64 bits, nesting deep
 stack (or msgpack's 512-level limit), and from YAML dates, binary and non-string keys. Such a body
 would pass a plain parse and then fail while being stored (a 500, a stream that never ended, a
 lost record). `loads` and `check` turn each of those into a `BodyError` naming where it is, which
-the services answer as a 400 in the caller's own error shape (tests/test_trust_bad_input.py,
-tests/test_fuzz_api.py, tests/test_fuzz_gateway.py).
+the services answer as a 400 in the caller's own error shape (tests/trust/test_trust_bad_input.py,
+tests/api/test_fuzz_api.py, tests/gateway/test_fuzz_gateway.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Session keys out of log lines and error texts: a key opens a session, so logs never carry one
-whole (tests/test_trust_tokens.py)."""
+whole (tests/trust/test_trust_tokens.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from flask import Flask
 def problem_error(sock: Any, status_int: int, reason: str, mesg: str) -> None:
     """gunicorn's answer to a request it cannot parse (a bad Content-Length, an over-long request
     line, too many headers), written before any app sees the request: as application/problem+json,
-    the API's error format, instead of gunicorn's HTML page (tests/test_fuzz_api.py found one)."""
+    the API's error format, instead of gunicorn's HTML page (tests/api/test_fuzz_api.py found one)."""
     from gunicorn import util
 
     body = json.dumps({"type": "about:blank", "title": reason, "status": status_int, "detail": mesg}).encode()

@@ -1,6 +1,6 @@
 """The processes `polar-mq up` starts end when it dies, however it dies.
 
-Two layers (tests/test_up_durable.py kills `up` with -9 and finds none of them after 5 s):
+Two layers (tests/deploy/test_up_durable.py kills `up` with -9 and finds none of them after 5 s):
 - every child is started with a parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`, set between
   fork and exec): SIGKILL for the roles (their own children follow: Celery's prefork children carry
   SIGKILL too; gunicorn's workers get SIGTERM, a graceful exit, when their master dies:

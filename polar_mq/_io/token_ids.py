@@ -8,7 +8,7 @@ freed on every call), copying the list and converting it back to bytes to hash i
 a large share of the gateway's CPU on such a request (figures: docs/benchmarks.md). A
 `TokenIds` answers `len` from the text, and the record codec hashes blocks of the text itself; only
 blocks it has not seen before are parsed. Anything that wants a list gets one (`to_list`, iteration,
-indexing, `==`), parsed once (tests/test_token_ids.py).
+indexing, `==`), parsed once (tests/gateway/test_token_ids.py).
 """
 
 from __future__ import annotations

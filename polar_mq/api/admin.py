@@ -9,7 +9,7 @@ polar_mq/store/pause.py). `POST /v1/admin/resume {"policy_version": V}` sets the
 version, resumes them, then sets V and lifts the flag in one transaction: every call admitted
 after it is stamped `policy_version = V`.
 
-Tests: tests/test_pause.py, tests/test_api.py.
+Tests: tests/gateway/test_pause.py, tests/api/test_api.py.
 """
 
 from __future__ import annotations

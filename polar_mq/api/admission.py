@@ -1,6 +1,6 @@
 """What a TaskRequest must pass before it is stored: its callback URL (callback_guard.py, 400)
 and, for a non-admin token, the operator's submission policy (submit_policy.py, 403 naming the
-rule). Both run before anything is written or enqueued (tests/test_trust_roles.py)."""
+rule). Both run before anything is written or enqueued (tests/trust/test_trust_roles.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Flask app factory of the rollout API.
 
-Tests: tests/test_api.py, tests/test_fuzz_api.py.
+Tests: tests/api/test_api.py, tests/api/test_fuzz_api.py.
 """
 
 from __future__ import annotations

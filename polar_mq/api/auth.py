@@ -3,7 +3,7 @@
 Every route but the public ones needs `Authorization: Bearer <token>` when `settings.api_token`
 is set (constant-time comparison for the admin token; scoped tokens are looked up by their sha256).
 Unknown, expired or revoked token → 401; a request outside the token's rights → 403 naming the
-right it lacks; a `submit` token reaches only the tasks it submitted (tests/test_trust_roles.py).
+right it lacks; a `submit` token reaches only the tasks it submitted (tests/trust/test_trust_roles.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The queue itself (leases, redelivery, delivery counts) is `store.groups.GroupQue
 this module only validates the query and shapes a Group from the stored task, its sessions and
 their trajectories.
 
-Tests: tests/test_groups.py.
+Tests: tests/api/test_groups.py.
 """
 
 from __future__ import annotations

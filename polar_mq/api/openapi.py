@@ -1,6 +1,6 @@
 """The hand-written OpenAPI 3.1 document served at /openapi.json.
 
-Tests: tests/test_fuzz_api.py (the spec validates and every route is fuzzed from it).
+Tests: tests/api/test_fuzz_api.py (the spec validates and every route is fuzzed from it).
 """
 
 from __future__ import annotations

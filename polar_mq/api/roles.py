@@ -3,7 +3,7 @@
 The admin token (POLAR_API_TOKEN / $POLAR_HOME/token, polar_mq.auth) keeps every right. Scoped
 tokens are made with `polar-mq token create --role R` and live in Redis hashed (sha256; the token
 itself is printed once and stored nowhere), so every API process sees a new or revoked token on
-its next request: lookups are not cached (revocation is immediate; tests/test_trust_roles.py).
+its next request: lookups are not cached (revocation is immediate; tests/trust/test_trust_roles.py).
 
 Rights per role (`rule()` maps a request to the rights that allow it):
 - ``submit``: POST /v1/tasks; GET/DELETE of the tasks it submitted (their results and sessions).

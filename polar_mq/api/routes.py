@@ -1,6 +1,6 @@
 """The rollout endpoints: submit, status, results, cancel, sessions, task list.
 
-Tests: tests/test_api.py, tests/test_fuzz_api.py.
+Tests: tests/api/test_api.py, tests/api/test_fuzz_api.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Schema (every key optional; docs/security.md):
                                                   # entry points (fnmatch; "*" allows every one)
 
 Defaults (no file): every runtime but `local`, any harness and image, no commands, only plug-ins
-that are installed entry points (tests/test_trust_roles.py).
+that are installed entry points (tests/trust/test_trust_roles.py).
 """
 
 from __future__ import annotations

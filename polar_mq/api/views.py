@@ -1,6 +1,6 @@
 """JSON views of tasks and sessions (pure functions: records in, dicts out).
 
-Tests: tests/test_api.py, tests/test_orphans.py.
+Tests: tests/api/test_api.py, tests/pipeline/test_orphans.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ reported `rl_api: false` (the gateway's own pause still holds every generation).
 The upstream URLs are the ones the live gateways registered with their heartbeats. What each
 upstream last reported is kept in Redis (`Keys.upstream_weights`) for `GET /v1/admin/status`.
 
-Tests: tests/test_pause.py; tests/vllm/test_rl_vllm.py against real vLLM.
+Tests: tests/gateway/test_pause.py; tests/vllm/test_rl_vllm.py against real vLLM.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `add_commands(subparsers)` registers them; each sets `func` to a handler returning an exit code.
 
-Tests: tests/test_client_cli.py.
+Tests: tests/cli/test_client_cli.py.
 """
 
 from __future__ import annotations

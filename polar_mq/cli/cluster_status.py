@@ -5,7 +5,7 @@ of every stage queue (shared and per-node), READY occupancy (prepared sessions w
 slot vs the buffer's capacity) and the session states. Read straight from Redis, so it works on
 any host that can reach it, with or without the API.
 
-Tests: tests/test_many_hosts.py.
+Tests: tests/pipeline/test_many_hosts.py.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def _up(args: argparse.Namespace) -> int:
 
     try:
         return up_main(args)
-    except PortsTaken as exc:  # raised before anything started (tests/test_cli_newcomer.py)
+    except PortsTaken as exc:  # raised before anything started (tests/cli/test_cli_newcomer.py)
         print(f"polar-mq up: {exc}; nothing was started (choose others with --api-port, "
               f"--gateway-port, --flower-port)", file=sys.stderr, flush=True)
         return 1
@@ -155,13 +155,13 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 # The agent CLIs `polar-mq demo --harness` runs: harnesses/install.py's pinned packages, named here
-# so that parsing a command line does not import the harness registry (tests/test_cli_newcomer.py).
+# so that parsing a command line does not import the harness registry (tests/cli/test_cli_newcomer.py).
 DEMO_HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
 
 
 # Sub-commands whose arguments belong to another module's own parser: everything after the name
 # goes there untouched (argparse's REMAINDER refuses a first argument that looks like an option,
-# so `polar-mq model-server --port 8000` and `--help` failed). Guarded by tests/test_cli_newcomer.py.
+# so `polar-mq model-server --port 8000` and `--help` failed). Guarded by tests/cli/test_cli_newcomer.py.
 PASS_THROUGH: dict[str, Callable[[argparse.Namespace], int]] = {"model-server": _model_server,
                                                                 "harness": _harness}
 

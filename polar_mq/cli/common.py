@@ -10,7 +10,7 @@ from typing import Mapping
 # prefork's pool size of each stage (a process per slot); the default threads pool is sized from
 # the host instead (polar_mq/cli/slots.py: `polar-mq up`, `polar-mq worker`, workers/<stage>.py).
 STAGE_CONCURRENCY = {"init": 2, "run": 4, "postrun": 2}
-STAGES = tuple(STAGE_CONCURRENCY)  # = tasks.routing.QUEUES (tests/test_shape.py), without importing it here
+STAGES = tuple(STAGE_CONCURRENCY)  # = tasks.routing.QUEUES (tests/pipeline/test_shape.py), without importing it here
 
 
 def worker_defaults(stage: str, env: Mapping[str, str]) -> dict[str, str | int | None]:

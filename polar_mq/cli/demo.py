@@ -207,7 +207,7 @@ def _stop_on_sigterm() -> None:
 
 def main(keep: bool = False, ask_keep: bool = False, harness: str | None = None) -> int:
     """The demo; `keep`: leave every service running afterwards, print the viewer link that signs
-    the browser in, stop on Ctrl-C/SIGTERM (tests/test_demo_keep.py). `harness`: also run that
+    the browser in, stop on Ctrl-C/SIGTERM (tests/cli/test_demo_keep.py). `harness`: also run that
     agent CLI for real against the stand-in (demo_harness.py)."""
     from rich.console import Console
 

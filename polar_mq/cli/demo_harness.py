@@ -5,7 +5,7 @@ has written so far), then one session runs it through the pipeline exactly as a 
 would: no runtime named (the default sandbox), the built-in stand-in as the model (its default
 window fits every shipped CLI: polar_mq/dev/model_server/__init__.py). Shown afterwards: the
 session's model calls, its prefix-merged traces and the viewer link of the session.
-Guarded by tests/test_demo_keep.py.
+Guarded by tests/cli/test_demo_keep.py.
 """
 
 from __future__ import annotations

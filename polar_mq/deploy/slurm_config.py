@@ -20,7 +20,7 @@ A YAML mapping (docs/deployment.md, "Slurm"; examples/slurm/*.yaml)::
     env: {POLAR_LEASE_TTL: "30"}  # extra environment for every role
     preflight_timeout: 120        # s a role waits for the hub / its upstream before failing its job
 
-Every mistake is a `ConfigError` naming the key (tests/test_slurm.py::test_config_errors_name_the_key).
+Every mistake is a `ConfigError` naming the key (tests/deploy/test_slurm.py::test_config_errors_name_the_key).
 """
 
 from __future__ import annotations

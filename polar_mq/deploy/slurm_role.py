@@ -4,7 +4,7 @@ Each role first checks what it needs, for at most the deployment's `preflight_ti
 its Redis (and a gateway, for the API); a gateway the hub's Redis and its upstreams (the
 stand-in's published URL or the configured vLLM roots); a stage pool the hub's Redis and a
 gateway (the one on its own node when there is one). Anything missing ends the job non-zero with
-one line saying what could not be reached (tests/test_slurm.py::test_role_fails_without_hub)
+one line saying what could not be reached (tests/deploy/test_slurm.py::test_role_fails_without_hub)
 instead of a pool idling against nothing. Then the services run as children of this process,
 their output in the job's --output file; a child that dies fails the job, SIGTERM (scancel) stops
 them all. Endpoints are published as `DIR/run/<role>*.json` (0600: the Redis URL has its password).

@@ -8,7 +8,7 @@ it: /logs/verifier/reward.txt (one number) first, else /logs/verifier/reward.jso
 numbers: its "reward" if present, the only value if one, else their mean; all kept in
 `details.rewards`). No reward file, or a session without a docker container, is an infrastructure
 error (status error: the trainer masks it), never reward 0. The snapshot and the fresh container
-are removed afterwards. Guarded by tests/test_harbor.py.
+are removed afterwards. Guarded by tests/graders/test_harbor.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ pinned by the session's policy: temperature 0 and the seed. The judge answers JS
 keeps every criterion's score, the judge's prompt and answer and its call ids. Any failure of
 the judge (HTTP error, no answer, an answer that is not the asked JSON, a score missing or out
 of range) is status error: the session ends ERROR and trainers mask it; never reward 0.
-Guarded by tests/test_graders_rubric.py.
+Guarded by tests/graders/test_graders_rubric.py.
 """
 
 from __future__ import annotations

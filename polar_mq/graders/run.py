@@ -5,7 +5,7 @@ is an infrastructure `error` (reward None); a grader still busy `grace` seconds 
 is a `timeout` (reward None; its commands were given the same deadline, so they are being killed);
 the caller keeps the trajectory and its traces either way.
 
-Tests: tests/test_graders.py, tests/test_graders_pipeline.py.
+Tests: tests/graders/test_graders.py, tests/graders/test_graders_pipeline.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ usual either way, with `metadata["sft"] = "accepted" | "rejected" | "error"` (th
 sets it from `record`'s answer) and `metadata["sft_file"]` (the SFT file's path on the worker; set by
 `record`), which `polar-mq results ID --format sft` uses to export the accepted rows and counts.
 
-Tests: tests/test_graders.py.
+Tests: tests/graders/test_graders.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ opencode.py, pi.py) are `CliHarness`es: a pinned npm package, the wire APIs the 
 API names, HOME/XDG isolation, JSON config writing, base-URL spelling, the options check, the
 max-turns hook — is here. `registry.py` lists them.
 
-Tests: tests/test_real_cli.py, tests/test_harnesses_e2e.py.
+Tests: tests/harnesses/test_real_cli.py, tests/harnesses/test_harnesses_e2e.py.
 """
 
 from __future__ import annotations

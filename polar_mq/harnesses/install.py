@@ -15,7 +15,7 @@ Command line (wired as ``polar-mq harness install NAME...``)::
     polar-mq harness list
     polar-mq harness path NAME
 
-Tests: tests/test_harnesses_e2e.py, tests/test_harness_limits.py.
+Tests: tests/harnesses/test_harnesses_e2e.py, tests/harnesses/test_harness_limits.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ gateway reads it from the upstream's /v1/models); a task can override both numbe
 the task's sampling cap (`agent.sampling.max_tokens`, which the gateway enforces anyway), else a
 quarter of the window (at most 32k), so that window - output leaves room for the conversation.
 
-Tests: tests/test_harness_limits.py.
+Tests: tests/harnesses/test_harness_limits.py.
 """
 
 from __future__ import annotations

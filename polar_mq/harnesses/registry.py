@@ -4,7 +4,7 @@ The names are the task spec's (`tasks.taskspec.HARNESSES`, checked when a task i
 the API process, which never loads harness code); each name is one module here that defines
 `HARNESS`, its class. So adding a harness is one module plus its name in the spec.
 
-Tests: tests/test_runtimes_harness_launch.py, tests/test_shape.py.
+Tests: tests/runtimes/test_runtimes_harness_launch.py, tests/pipeline/test_shape.py.
 """
 
 from __future__ import annotations

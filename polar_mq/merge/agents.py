@@ -9,7 +9,7 @@ docs/lineage.md for where each was found).
   conversation starts from that summary (the continuation).
 
 Every decision uses only the calls in canonical order (records.py: started_at, call id), so the
-links never depend on the order records arrived in (tests/test_merge_lineage.py's property test).
+links never depend on the order records arrived in (tests/merge/test_merge_lineage.py's property test).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the records carry them (the earlier call's dialogue plus its answer is a prefix 
 dialogue), else by tokens (the prompt shares most of an earlier prompt and is longer than that
 call's whole sequence). The kind of break is read from where the tokens diverge.
 
-Tests: tests/test_merge.py, tests/test_merge_properties.py.
+Tests: tests/merge/test_merge.py, tests/merge/test_merge_properties.py.
 """
 
 from __future__ import annotations

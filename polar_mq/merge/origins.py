@@ -11,7 +11,7 @@ Both builders label their traces here (CONTRACT "Agent lineage and versions per 
 - ``metadata.origin``: root | sub_agent | compaction | summary | retry | fork | edit; the counts
   are the trajectory's ``stats.origins``.
 Conversations are the call forest's (forest.py, chains.py, conversations.py), so sub-agents and
-compaction are linked by canonical call order only (tests/test_merge_lineage.py).
+compaction are linked by canonical call order only (tests/merge/test_merge_lineage.py).
 """
 
 from __future__ import annotations

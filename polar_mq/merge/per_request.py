@@ -1,7 +1,7 @@
 """per_request: one trace per model call. The baseline every trainer understands; it repeats
 the shared history in every trace, which is what prefix_merging avoids.
 
-Tests: tests/test_merge.py.
+Tests: tests/merge/test_merge.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ does not depend on arrival order, nothing is dropped at a break (the rest of the
 becomes another trace, labelled and linked), and side calls, sub-agents, retries and forks are
 separated and labelled in ``trace.metadata``.
 
-Tests: tests/test_merge.py, tests/test_merge_properties.py.
+Tests: tests/merge/test_merge.py, tests/merge/test_merge_properties.py.
 """
 
 from __future__ import annotations

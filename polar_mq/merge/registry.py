@@ -1,7 +1,7 @@
 """Choosing and running a builder by name, so a TaskRequest's ``builder: {strategy, config}``
 maps to code in one place: built-ins by name, custom builders by ``module:Class``.
 
-Tests: tests/test_merge.py.
+Tests: tests/merge/test_merge.py.
 """
 
 from __future__ import annotations

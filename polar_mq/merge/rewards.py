@@ -6,7 +6,7 @@ lineage and versions per token"):
 - ``root``: only the top-level agent's traces (those without ``metadata.spawned_by``: its root
   chains, their retries, forks and compaction continuations) get it; sub-agents' traces get 0.0.
 A session without a reward (None) leaves every trace's reward None. Guarded by
-tests/test_merge_lineage.py::test_reward_scopes.
+tests/merge/test_merge_lineage.py::test_reward_scopes.
 """
 
 from __future__ import annotations

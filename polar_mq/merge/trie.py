@@ -5,7 +5,7 @@ Comparing every pair of calls is quadratic in calls *and* tokens; the trie store
 prompt+completion once as slices of the original lists and walks a prompt edge by edge, comparing
 whole edges with C-speed list slices instead of token-by-token Python loops.
 
-Tests: tests/test_merge.py, tests/test_merge_properties.py.
+Tests: tests/merge/test_merge.py, tests/merge/test_merge_properties.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 in a trace they become offsets into `response_ids` (prompt-side tokens excluded), shifted by
 what comes before the call's sampled tokens there (earlier calls' tokens and the spliced-in
 tool results of prefix_merging). Adjacent pairs with the same version merge into one, so a trace
-sampled by one policy has one pair. Guarded by tests/test_policy_versions.py.
+sampled by one policy has one pair. Guarded by tests/gateway/test_policy_versions.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why two: each step done on its own (key GET, in-flight HSET, cancel EXISTS, pause script, pause
 uncount script, record MULTI, in-flight HDEL) would be a round trip, and on a loaded host each is
 a scheduler wake-up of redis-server and of the gateway; six of them take more wall time than a
-small upstream call. So (tests/test_early_admission.py, tests/test_pause.py):
+small upstream call. So (tests/gateway/test_early_admission.py, tests/gateway/test_pause.py):
 
 - `enter` runs one script that (a) checks that a session key resolved from this process's cache
   still names the session (a session collected by retention answers 401), (b) refuses a

@@ -15,7 +15,7 @@ work stopped as soon as nobody wants it.
   (vLLM runs a plain request to its end when its connection closes).
 - What was sampled before the abort stays in the record (status `error`, error `cancelled: ...`).
 
-Tests: tests/test_cancel.py, tests/test_stream_handover.py.
+Tests: tests/pipeline/test_cancel.py, tests/gateway/test_stream_handover.py.
 """
 
 from __future__ import annotations

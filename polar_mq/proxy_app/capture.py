@@ -3,7 +3,7 @@
 When Redis is down the record is spooled to a local msgpack file and the client gets a 503;
 `replay_spool` pushes spooled records back into Redis once it is reachable again.
 
-Tests: tests/test_deferred_store.py, tests/test_storage.py.
+Tests: tests/gateway/test_deferred_store.py, tests/store/test_storage.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ streams from the upstream too: each chunk becomes normalised events (vllm_wire.S
 which the adapter's translator turns into provider frames at once; the record is stored before
 the final event goes out.
 
-Tests: tests/test_gateway.py, tests/test_gateway_inprocess.py, tests/test_stream_handover.py.
+Tests: tests/gateway/test_gateway.py, tests/gateway/test_gateway_inprocess.py, tests/gateway/test_stream_handover.py.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class Handover:
     writer, which reads the upstream itself. Each frame then costs one thread instead of two
     and no queue hop (under the gevent worker a hop is two more switches through the hub and a
     Timeout per wait). The upstream read waits at most a ping interval (idle mode: the writer
-    pings when it is quiet). tests/test_stream_handover.py guards it.
+    pings when it is quiet). tests/gateway/test_stream_handover.py guards it.
     `close()` (the writer is done) makes a reader that has not handed over yet read to the end
     on its own, so the record is always finished by someone."""
 
@@ -178,7 +178,7 @@ class StreamFrames:
     """A streamed answer's frames, as the WSGI iterable: `close()` ends the call even when no
     frame was ever asked for (the client was gone before the headers went out), which closing a
     generator that never started does not: with the stream hand-over the writer may hold the
-    call's last steps, so nothing else would finish it (tests/test_stream_handover.py)."""
+    call's last steps, so nothing else would finish it (tests/gateway/test_stream_handover.py)."""
 
     def __init__(self, frames: Generator[bytes, None, None], end: Callable[[bool], None]):
         self._frames = frames

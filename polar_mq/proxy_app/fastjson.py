@@ -1,7 +1,7 @@
 """JSON on the gateway's hot path with orjson: the same values and errors as `jsonsafe` and
 `json`, several times faster on the bodies agents send (figures: docs/benchmarks.md,
-bench/bench_gateway.py). Guarded by tests/test_fastjson.py (same values and errors as jsonsafe)
-and tests/test_known_values.py.
+bench/bench_gateway.py). Guarded by tests/gateway/test_fastjson.py (same values and errors as jsonsafe)
+and tests/gateway/test_known_values.py.
 
 `loads_body` keeps `jsonsafe.loads`'s contract exactly: orjson already refuses NaN/Infinity,
 lone surrogates and invalid UTF-8, so only nesting depth and value count are left to check

@@ -8,7 +8,7 @@ may be half-updated. The wait is recorded on the call (`held_ms`, a note) and is
 `latency_ms`. The session's wall-clock budget (`timeout_seconds`) keeps running while a call
 is held; `held_ms` makes that time visible per call and trajectories sum it (`held_seconds`).
 
-Tests: tests/test_pause.py.
+Tests: tests/gateway/test_pause.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ a Claude Code call.
 Here a *shared* object (one KnownValues hands out, or one derived here from a shared one) gets
 each derivation once: `derive(obj, name, make)`. The result is shared in turn, so derivations
 chain (parsed tools -> chat tools -> their JSON). An object that is not shared is derived on
-every call: only values that recur are remembered (tests/test_shared_values.py).
+every call: only values that recur are remembered (tests/gateway/test_shared_values.py).
 
 
 Why by identity and not by value: comparing 64 KB of nested values costs about what deriving

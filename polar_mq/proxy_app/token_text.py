@@ -7,7 +7,7 @@ few at a time, and cached in Redis per served model: the map of an id to its tex
 for a model, so every gateway and every later page shares the work. A byte-level token that is
 only part of a UTF-8 character comes back as U+FFFD, as vLLM decodes it alone.
 
-Tests: tests/test_metrics_live.py.
+Tests: tests/gateway/test_metrics_live.py.
 """
 
 from __future__ import annotations

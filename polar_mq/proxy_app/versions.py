@@ -5,7 +5,7 @@ with the new weights after the resume. Its tokens stop arriving meanwhile, so th
 notes each long gap in the token flow (vllm_wire.TOKEN_GAP); only a stream with such a gap asks
 Redis which versions were set while it ran (pause_state.versions_since: the resumes' times),
 and each new version starts at the first token that arrived after its resume. An ordinary call
-costs nothing more and carries one pair. Guarded by tests/test_policy_versions.py.
+costs nothing more and carries one pair. Guarded by tests/gateway/test_policy_versions.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Groups handed to the caller are NOT acked: call `stream.ack(group)` after the op
 (`auto_ack=True` acks on hand-out instead). A trainer that dies before acking gets its groups
 again once their lease runs out (`group.delivery` > 1).
 
-Tests: tests/test_groups.py.
+Tests: tests/api/test_groups.py.
 """
 
 from __future__ import annotations

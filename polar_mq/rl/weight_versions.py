@@ -3,7 +3,7 @@ every trace (contract), and show per trace the versions its calls were actually 
 (`CaptureRecord.policy_version`, stamped by the gateway), so a session that straddled a weight
 sync is visible call by call. Pure function over the built trajectory and its records.
 
-Tests: tests/test_pause.py, tests/test_trainer_mappings.py.
+Tests: tests/gateway/test_pause.py, tests/rl/test_trainer_mappings.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A TaskRequest without `runtime.backend` gets ``auto``: the safest runtime this w
 (`select_backend`): docker when the task names an image and an engine answers, else bwrap when
 bubblewrap works here. It fails closed (NoIsolation: the session ends ERROR with the reason):
 never the local runtime, and never an image's task under bwrap on the host filesystem when no
-docker engine answers (tests/test_trust_auto.py). The choice is made once, by the init worker,
+docker engine answers (tests/trust/test_trust_auto.py). The choice is made once, by the init worker,
 and kept in the session's runtime handle, so every later stage uses the same one.
 """
 

@@ -23,7 +23,7 @@ reachable only with ``allow_internet``.
 session's ``work`` dir); ``gpus`` binds the host's /dev. ``cpus``/``memory_mb`` are not enforced
 by bubblewrap (it has no cgroup support); they are logged and ignored.
 
-Tests: tests/test_runtimes_bwrap.py, tests/test_trust_sandbox.py.
+Tests: tests/runtimes/test_runtimes_bwrap.py, tests/trust/test_trust_sandbox.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The harness runs in its own process group so a timeout or cancel kills the whole
 PR_SET_PDEATHSIG so it dies with the worker that started it; a takeover also kills the recorded
 group, so a session is never run twice at the same time.
 
-Tests: tests/test_local_launch.py, tests/test_logcap.py.
+Tests: tests/runtimes/test_local_launch.py, tests/runtimes/test_logcap.py.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _Spawner:
     default threads pool, slots.py) would be killed if that thread ever ended before it, and would
     outlive nothing else. Forking from a thread that lives as long as the process makes "dies with
     the worker" mean the worker process, whatever pool runs the stage
-    (tests/test_run_slots.py::test_harness_outlives_the_thread_that_asked_for_it). The main thread
+    (tests/pipeline/test_run_slots.py::test_harness_outlives_the_thread_that_asked_for_it). The main thread
     spawns directly (prefork's pool children run stages there)."""
 
     def __init__(self) -> None:

@@ -11,7 +11,7 @@ when the chunk being written has one. `POLAR_LOG_MAX_BYTES` (default 64 MiB, 0: 
 The writers of these logs are child processes, so their output reaches us through a pipe that
 `pump` copies into the RotatingLog (a file handed to a child directly cannot be rotated).
 
-Tests: tests/test_logcap.py.
+Tests: tests/runtimes/test_logcap.py.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ way without giving the sandbox the host's network: the sandbox listens on ``127.
 the worker host relays to ``hub:PORT`` (:func:`sandbox_forwards`); the harness is handed the
 loopback URLs (:func:`sandbox_urls`). Only the gateway is reachable, nothing else on that host.
 
-Tests: tests/test_netbridge_remote.py, tests/test_trust_sandbox.py.
+Tests: tests/pipeline/test_netbridge_remote.py, tests/trust/test_trust_sandbox.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ bridge reads each request's head, lets it through only when it is for this sessi
 prefix, or the key as the API key on a provider path) and never for the gateway's own resources
 (``/sessions``, ``/health``), and forwards exactly one request per connection (``Connection:
 close``; the body by its Content-Length or chunked framing), so nothing can be smuggled behind an
-allowed request. Refusals are a 403 the harness can read (tests/test_trust_sandbox.py).
+allowed request. Refusals are a 403 the harness can read (tests/trust/test_trust_sandbox.py).
 """
 
 from __future__ import annotations

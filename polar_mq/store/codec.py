@@ -18,8 +18,8 @@ Here a record becomes an *envelope* plus *chunks*:
 
 Decoding gives back exactly the record that was encoded; `GET /sessions/<id>/calls` is unchanged.
 
-Tests: tests/test_record_codec_blocks.py, tests/test_record_envelope_zlib.py,
-tests/test_storage.py.
+Tests: tests/store/test_record_codec_blocks.py, tests/store/test_record_envelope_zlib.py,
+tests/store/test_storage.py.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class BlockDigests:
     ids repeat the blocks of the call before: packing and hashing each 256-id block again costs
     in proportion to the prompt, while hashing the raw bytes is about ten times cheaper. The key
     is a cryptographic hash of the exact ids, so a hit names the same chunk bytes; bounded
-    (cleared when full: ~200 B per entry; tests/test_record_codec_blocks.py)."""
+    (cleared when full: ~200 B per entry; tests/store/test_record_codec_blocks.py)."""
 
     def __init__(self, max_entries: int = 32768):
         self.max_entries = max_entries
@@ -272,7 +272,7 @@ def zlib_stored(data: bytes) -> bytes:
     `zlib.decompress` reads back, without deflate's setup. `zlib.compress` allocates and clears
     its ~256 KB state on every call, which costs more than it saves on a 1-3 KB envelope (it
     saves about a fifth of its bytes); the bulk of a record, its chunks, is compressed
-    (tests/test_record_envelope_zlib.py; bench/bench_envelope.py)."""
+    (tests/store/test_record_envelope_zlib.py; bench/bench_envelope.py)."""
 
     parts: list[bytes | memoryview] = [_STORED_HEAD]
     view = memoryview(data)

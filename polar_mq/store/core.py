@@ -3,7 +3,7 @@
 Gateway sessions, their keys and their capture records live here; later stages (API, workers)
 add their own keys to `Keys` rather than spelling key strings elsewhere.
 
-Tests: tests/test_storage.py, tests/test_deferred_store.py.
+Tests: tests/store/test_storage.py, tests/gateway/test_deferred_store.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ack_reason), `task:<task>:terminal` SET of terminal sessions, `groups:wakeup` li
 long-polling `wait`ers). The scripts build `group:<task>` names from a prefix, so they need a
 single Redis node (no Redis Cluster), as the rest of the pipeline does.
 
-Tests: tests/test_groups.py.
+Tests: tests/api/test_groups.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ histogram: a count per bucket (non-cumulative; cumulated when rendered), a sum a
 label value. Observations are HINCRBYs queued on the caller's pipeline, so they land atomically
 with the state change they describe.
 
-Tests: tests/test_session_cas.py, tests/test_metrics_live.py.
+Tests: tests/store/test_session_cas.py, tests/gateway/test_metrics_live.py.
 """
 
 from __future__ import annotations

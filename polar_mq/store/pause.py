@@ -8,7 +8,7 @@ generation can start anywhere until resume: there is no cached flag and no windo
 "checked" and "counted". A gateway that dies mid-call stops heart-beating; after HEARTBEAT_TTL
 its counts no longer block the drain (they are reported and cleared as `dead_gateways`).
 
-Tests: tests/test_pause.py, tests/test_redis_wire.py.
+Tests: tests/gateway/test_pause.py, tests/store/test_redis_wire.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every state change goes through `transition`, an optimistic compare-and-set (one
 session_cas.py) checked against `states.ALLOWED` and the writer's fencing token, so duplicate or redelivered stage tasks cannot run a stage twice or move
 a session backwards. Leases with heartbeats tell a live worker from a dead one.
 
-Tests: tests/test_session_cas.py, tests/test_pipeline.py, tests/test_fencing_recovery.py.
+Tests: tests/store/test_session_cas.py, tests/pipeline/test_pipeline.py, tests/pipeline/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ The credentials are the data nodes' (primary and replicas); Sentinels are asked 
 unless the query names `sentinel_password` (and `sentinel_username`). The client asks the
 Sentinels for the primary on every new connection, and a connection that meets a demoted primary
 (READONLY) is dropped and re-resolved, so every role follows a failover without a restart
-(tests/test_sentinel.py).
+(tests/store/test_sentinel.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ group_queue.py) in one non-transactional pipeline, after a gateway record's EXEC
 (redis_wire.py). The wait is bounded (`POLAR_REDIS_WAIT_MS`, default 1000; 0 turns it off): with
 no replica reachable the write stands on the primary alone after that long, and is logged — the
 run goes on rather than stalls. What a failover can still lose: docs/deployment.md "Sentinel"
-(tests/test_sentinel.py guards the no-loss case).
+(tests/store/test_sentinel.py guards the no-loss case).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ cannot see. No client here sets it (store.connect and the gateway's redis_client
 so every reply is bytes. These helpers narrow a reply once, where it is read, and raise if a
 decoding client ever slips in instead of handing a `str` to code that expects bytes.
 
-Tests: tests/test_shape.py.
+Tests: tests/pipeline/test_shape.py.
 """
 
 from __future__ import annotations

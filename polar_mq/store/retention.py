@@ -1,7 +1,7 @@
 """Retention of finished tasks in Redis, and `polar-mq gc`.
 
 Why: without it a run of weeks fills Redis with every task, session, record and trajectory ever
-made (tests/test_retention.py). A finished task (every session terminal) whose results were exported
+made (tests/store/test_retention.py). A finished task (every session terminal) whose results were exported
 (`GET /v1/tasks/<id>/results`) or acked by a trainer (`POST /v1/groups/<id>/ack`) gets a TTL (`POLAR_RETENTION_SECONDS`,
 default 7 days) on every key it owns: the task and its session records, leases, trajectories,
 and its gateway sessions (their records, chunks, key mapping, in-flight and cancel flags,

@@ -13,7 +13,7 @@ histogram observation; for a terminal state: the active set, the READY slot and 
 counters and the group queue's "last session finished" step) run inside the same script, so they
 land atomically with it as they did inside the MULTI.
 
-Tests: tests/test_session_cas.py.
+Tests: tests/store/test_session_cas.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one interface every store sends its commands through (`Wire`), and its two kinds, chosen
 once when a store is built: `RedisWire` for the gateway's per-call commands, `PipelineWire`
 (redis-py's client and pipelines) everywhere else. Stores never ask which they hold
-(tests/test_redis_wire.py runs the same operations through both).
+(tests/store/test_redis_wire.py runs the same operations through both).
 
 RedisWire: the gateway's per-call Redis commands straight on redis-py connections held here.
 
@@ -21,7 +21,7 @@ TimeoutError) reaches the caller exactly as through the client. At most `max_con
 use at once (callers wait for one: the gateway's thousand streams must not open a thousand
 Redis connections at once). Connections of a Sentinel-managed client (redis_url.py) ask the
 Sentinels for the primary when they connect, and one that meets a demoted primary (READONLY) is
-dropped and its call fails as a ConnectionError (tests/test_sentinel.py).
+dropped and its call fails as a ConnectionError (tests/store/test_sentinel.py).
 """
 
 from __future__ import annotations

@@ -43,22 +43,9 @@ def _load(name: str, path: Path):
 
 
 vllm_cpu = _load("polar_vllm_cpu", ROOT / "scripts" / "vllm_cpu.py")
-# The parent conftest's helpers, loaded under their own name. pytest replaces sys.modules["conftest"]
-# with THIS module while collecting tests/vllm, and other test files do `from conftest import ...`;
-# so the parent's plain helpers (not its fixtures) are re-exported here too.
-_parent = _load("polar_tests_conftest", ROOT / "tests" / "conftest.py")
-for _name, _obj in vars(_parent).items():
-    if _name.startswith("_") or _name in globals():
-        continue
-    if type(_obj).__name__ == "FixtureFunctionDefinition" or hasattr(_obj, "_pytestfixturefunction"):
-        continue
-    globals()[_name] = _obj
-
-GatewayHandle = _parent.GatewayHandle
-start_gateway = _parent.start_gateway
-start_model_server = _parent.start_model_server
-stop = _parent.stop
-free_port = _parent.free_port
+# The shared helpers, re-exported for the tests of this directory.
+from tests.support.servers import (GatewayHandle, free_port, spawn, start_gateway,  # noqa: E402,F401
+                                   start_model_server, stop)
 
 SERVED = vllm_cpu.SERVED_NAME
 TIMINGS: dict[str, float] = {}

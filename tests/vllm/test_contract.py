@@ -8,7 +8,7 @@ import copy
 import pytest
 import requests
 
-from shapes import chunk_kind, collapse, diff, sse_events
+from tests.vllm.shapes import chunk_kind, collapse, diff, sse_events
 
 SERVED = "tiny"
 WRITE_TOOL = {

@@ -40,7 +40,7 @@ pytest.importorskip("matplotlib")
 from examples.grpo import run as grpo_run  # noqa: E402
 from examples.grpo.report import learnt  # noqa: E402
 
-from conftest import SERVED, served_model  # noqa: E402
+from tests.vllm.conftest import SERVED, served_model  # noqa: E402
 
 PROMPTS, GROUP = 4, 8
 
@@ -153,7 +153,7 @@ def test_trl_steps_reach_vllm(tmp_path, monkeypatch, shared_vllm):
 
     # pytest puts tests/ on sys.path, where this suite's directory looks like a package named vllm
     # without a version, and TRL's optional-vLLM probe fails to parse it (as in
-    # tests/test_trl_rollout.py); the loop samples through polar_mq, not TRL's vLLM
+    # tests/rl/test_trl_rollout.py); the loop samples through polar_mq, not TRL's vLLM
     monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda *a, **k: False)
     monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))

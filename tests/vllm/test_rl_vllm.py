@@ -11,8 +11,8 @@ import time
 
 import requests
 
-from conftest import SERVED, free_port, spawn, start_model_server, stop
-from shapes import diff
+from tests.vllm.conftest import SERVED, free_port, spawn, start_model_server, stop
+from tests.vllm.shapes import diff
 
 
 def rl_exchange(url: str) -> list:

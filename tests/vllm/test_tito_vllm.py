@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tito_support import PROVIDERS, SESSIONS
+from tests.support.tito_records import PROVIDERS, SESSIONS
 
 SERVED = "tiny"
 ARGS = {"path": "polar.txt", "content": "hello from polar"}
@@ -24,7 +24,7 @@ EXPECTED = [("tool", "write", ARGS), ("text", FINAL), ("tool", "write", ARGS), (
 @pytest.fixture(scope="module")
 def tito_gateways(log_dir, redis_url, vllm_qwen3):
     """(auto with the tokenizer: token-in detected, off: the messages path)."""
-    from conftest import GatewayHandle, start_gateway, stop
+    from tests.vllm.conftest import GatewayHandle, start_gateway, stop
 
     url, tokenizer = vllm_qwen3
     auto = start_gateway(log_dir, redis_url, [url], "--tokenizer", str(tokenizer), name="gw-tito-vllm")

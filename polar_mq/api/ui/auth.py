@@ -7,7 +7,7 @@ not the token, so it dies when the token changes. It is HttpOnly, SameSite=Stric
 `/ui`, and it only opens GET/HEAD under `/ui/`: the viewer is read-only, so a cross-site request
 could never change anything with it; everything else still needs the bearer header.
 
-Tests: tests/test_ui.py.
+Tests: tests/api/test_ui.py.
 """
 
 from __future__ import annotations

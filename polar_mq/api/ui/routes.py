@@ -6,7 +6,7 @@ Pages: `/ui/` tasks, `/ui/tasks/<task_id>` its sessions, `/ui/sessions/<session_
 a task side by side. Sign-in is `ui_auth`; the shapes are `ui_views`; calls and token texts come
 from the gateway over HTTP (`ui_gateway`).
 
-Tests: tests/test_ui.py, tests/test_ui_views.py.
+Tests: tests/api/test_ui.py, tests/api/test_ui_views.py.
 """
 
 from __future__ import annotations

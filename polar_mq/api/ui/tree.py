@@ -1,7 +1,7 @@
 """A session's traces as the tree the viewer draws: who spawned whom (`spawned_by`), which
 conversation continues after a compaction (`continues_from`), retries and forks (`parent_trace`)
 and resumptions after a prefix break (`continues_trace`). Pure; guarded by
-tests/test_ui_views.py::test_lineage_tree_nests_subagents_and_compaction."""
+tests/api/test_ui_views.py::test_lineage_tree_nests_subagents_and_compaction."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The browser renders these; the interesting work happens here: where each call's 
 start inside a merged trace, what two prompts look like where a chain broke or forked, GRPO
 advantages of a group (the trainer's own, polar_mq.rl.advantages), a session's stage timeline.
 
-Tests: tests/test_ui_views.py.
+Tests: tests/api/test_ui_views.py.
 """
 
 from __future__ import annotations

@@ -11,5 +11,5 @@
 # The window the stand-in serves unless told otherwise (`polar-mq up`/`demo` included): every agent
 # CLI shipped in polar_mq/harnesses must fit its first request (system prompt + tools, up to ~30k
 # tokens for Claude Code) plus the output cap harnesses/limits.py derives from it (with 8192, Claude
-# Code refuses its first request: "Prompt is too long"). Guarded by tests/test_cli_newcomer.py.
+# Code refuses its first request: "Prompt is too long"). Guarded by tests/cli/test_cli_newcomer.py.
 DEFAULT_MAX_MODEL_LEN = 65536

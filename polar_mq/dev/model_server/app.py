@@ -6,7 +6,7 @@ Endpoints (as vLLM 0.32): ``GET /health``, ``GET /version``, ``GET /v1/models``,
 from the real local tokenizer (:mod:`.tokenizer`); "sampled" ids are the canonical encoding of the
 completion text plus ``<|im_end|>`` when the turn ends naturally.
 
-Tests: tests/test_model_server.py; tests/vllm/test_contract.py (same wire as vLLM).
+Tests: tests/dev/test_model_server.py; tests/vllm/test_contract.py (same wire as vLLM).
 """
 
 from __future__ import annotations

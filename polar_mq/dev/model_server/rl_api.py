@@ -13,7 +13,7 @@
 - `GET /weight_info` → `{"weight_version"}` ("default" until set, as vLLM's engine core).
 The stand-in has no weights to swap; the rest of vLLM's weight-transfer API is not offered.
 
-Tests: tests/test_pause.py; tests/vllm/test_contract.py.
+Tests: tests/gateway/test_pause.py; tests/vllm/test_contract.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ every ``\\n`` before the byte-level regex, so no pre-token ever spans the ``assi
 and the body. The template renders an assistant message as exactly the completion text the server
 samples (``<think>\\nR\\n</think>\\n\\n`` + content + ``\\n``-separated ``<tool_call>`` blocks).
 
-Tests: tests/test_model_server.py.
+Tests: tests/dev/test_model_server.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Choices that matter for training data:
   the client sends the block back, the signed original reasoning is used, so the history sent upstream
   holds exactly what the model produced even if a client trims or rewrites the visible text.
 
-Tests: tests/test_anthropic.py, tests/test_adapter_kit.py, tests/test_round_trips.py.
+Tests: tests/adapters/test_anthropic.py, tests/adapters/test_adapter_kit.py, tests/gateway/test_round_trips.py.
 """
 
 from __future__ import annotations

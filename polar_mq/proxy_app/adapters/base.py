@@ -10,7 +10,7 @@ Streaming has one path per provider: the gateway turns the upstream's chunks int
 arrive, and the adapter's translator turns each event into provider frames at once. A synthetic
 stream (an upstream that cannot stream token ids) is the same translator fed by `replay(result)`.
 
-Tests: tests/test_adapter_kit.py, tests/test_adapters_without_orjson.py.
+Tests: tests/adapters/test_adapter_kit.py, tests/adapters/test_adapters_without_orjson.py.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent-event frame. `data` is JSON-encoded unless it is already a string: with
     orjson (compact UTF-8, as json.dumps(ensure_ascii=False) writes it; json.dumps is a large
     share of the gateway's CPU per streamed token), the stdlib for what orjson refuses
-    (tests/test_adapters_without_orjson.py)."""
+    (tests/adapters/test_adapters_without_orjson.py)."""
     if isinstance(data, str):
         payload = data.encode()
     else:

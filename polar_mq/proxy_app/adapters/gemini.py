@@ -24,7 +24,7 @@ Tool-call ids: the client's `functionCall.id` when given; otherwise a positional
 history, so the upstream prompt stays a token prefix of the next one. `functionResponse`s without an
 id take the oldest unanswered call of the same name (else the oldest unanswered call).
 
-Tests: tests/test_gemini.py, tests/test_adapter_kit.py, tests/test_round_trips.py.
+Tests: tests/adapters/test_gemini.py, tests/adapters/test_adapter_kit.py, tests/gateway/test_round_trips.py.
 """
 
 from __future__ import annotations

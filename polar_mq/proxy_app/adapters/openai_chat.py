@@ -2,7 +2,7 @@
 
 Clients: Qwen Code, opencode / pi with an openai-compatible provider, the openai SDK.
 
-Tests: tests/test_adapter_kit.py, tests/test_round_trips.py.
+Tests: tests/adapters/test_adapter_kit.py, tests/gateway/test_round_trips.py.
 """
 
 from __future__ import annotations

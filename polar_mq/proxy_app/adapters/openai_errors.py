@@ -4,7 +4,7 @@
 `code` to tell errors apart (Codex stops retrying on `context_length_exceeded`; opencode and pi show
 `invalid_api_key`). An error may name its own `param` / `code` in `GatewayError.detail`.
 
-Tests: tests/test_adapter_kit.py.
+Tests: tests/adapters/test_adapter_kit.py.
 """
 
 from __future__ import annotations

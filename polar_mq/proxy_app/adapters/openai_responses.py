@@ -10,7 +10,7 @@ like Codex, always resend the whole history). Reasoning is handed back inside `e
 as our own readable token (reasoning.py), so the exact reasoning text returns upstream on the next
 turn.
 
-Tests: tests/test_openai_responses.py, tests/test_adapter_kit.py.
+Tests: tests/adapters/test_openai_responses.py, tests/adapters/test_adapter_kit.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ client requests still round-trip: "polar1." + urlsafe-base64(zlib(text)) (Anthro
 base64(b"pmq1:" + zlib(JSON {"r": text})) (Gemini). Anything else — OpenAI's or Google's own
 tokens, Gemini CLI's "skip_thought_signature_validator", corrupt data — decodes to None.
 
-Tests: tests/test_adapter_kit.py, tests/test_anthropic.py, tests/test_gemini.py.
+Tests: tests/adapters/test_adapter_kit.py, tests/adapters/test_anthropic.py, tests/adapters/test_gemini.py.
 """
 
 from __future__ import annotations

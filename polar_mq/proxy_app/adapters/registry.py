@@ -3,7 +3,7 @@
 `model.PROVIDERS` is the one list of provider names (records, metrics and routes speak it); each
 name is also the adapter module's name here, so the registry is exactly those keys and adding a
 provider is one module plus one name. Every registered module is checked against `base.Adapter`
-by mypy (below) and by tests/test_adapter_kit.py at run time.
+by mypy (below) and by tests/adapters/test_adapter_kit.py at run time.
 """
 
 from __future__ import annotations

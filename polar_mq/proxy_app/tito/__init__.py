@@ -14,7 +14,7 @@ start-up and by the health loop), else off; ``off`` is the messages path for eve
 Every record carries ``tito`` (its prompt was built from recorded ids), ``parent_call_id`` (the
 call its conversation extends) and ``tito_reason`` (``continued`` or why not; see matching.py).
 
-Tests: tests/test_tito.py, tests/test_tito_replays.py.
+Tests: tests/tito/test_tito.py, tests/tito/test_tito_replays.py.
 """
 
 from __future__ import annotations

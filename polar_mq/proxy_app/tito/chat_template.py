@@ -1,7 +1,7 @@
 """A chat template rendered as vLLM renders it (Jinja's immutable sandbox, `tojson`,
 `raise_exception`, `strftime_now`, tool-call arguments given as JSON strings parsed to objects).
 The gateway's local tokenizer and the stand-in model server both render through it, so the
-token-in prompt and the server's own rendering agree (tests/test_tito.py)."""
+token-in prompt and the server's own rendering agree (tests/tito/test_tito.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 caller read every record of the session from Redis first (all envelopes and the whole chunk hash)
 and decoded them: per call a cost in proportion to the session's length, quadratic over the
 session (bench/bench_tito.py and bench/bench_tito_index.py measure it; figures in
-docs/benchmarks.md). Guarded by tests/test_tito_index.py.
+docs/benchmarks.md). Guarded by tests/tito/test_tito_index.py.
 
 `SessionIndex` keeps, per session and per gateway process, what matching needs of each recorded
 call (a `Candidate`: a digest of its messages as a history prefix, the first few message digests,
@@ -14,7 +14,7 @@ chunks are content-addressed, so a message digest is computed once per session).
 a few digest comparisons per recorded call. The parent is read whole (its position in the
 session's list: two round trips) and checked against the request with `find_parent`'s own
 comparisons before it is used, so what a call continues is exactly what `find_parent` would pick;
-tests/test_tito_index.py compares the two on generated sessions.
+tests/tito/test_tito_index.py compares the two on generated sessions.
 
 Digests are SHA-256 of `repr(message_key(m))`, chained over a history. Keys whose parts compare
 equal with different reprs (`1` and `1.0` as a role) are told apart here: such a request is not

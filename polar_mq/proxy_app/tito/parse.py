@@ -12,7 +12,7 @@ the request nothing is parsed as a tool call and special tokens are dropped from
 (a partial tag at the end is held back), so the pieces concatenate to exactly `parse_text`'s
 result.
 
-Tests: tests/test_tito_parse.py.
+Tests: tests/tito/test_tito_parse.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The parent's reply is replaced by a sentinel message, and the tail is what follo
 end-of-turn token. What the model sampled is never re-rendered: the ids that matter for training
 stay exactly the ids that were sampled.
 
-Tests: tests/test_tito.py.
+Tests: tests/tito/test_tito.py.
 """
 
 from __future__ import annotations

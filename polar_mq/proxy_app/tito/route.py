@@ -14,7 +14,7 @@ The route looks like the upstream pool to the gateway (`chat`, `open_stream`, ..
 chat-completion shape, chunks included, so everything after it (stream accumulation, the
 provider adapters, the record) is the messages path's code.
 
-Tests: tests/test_tito.py; tests/vllm/test_contract.py.
+Tests: tests/tito/test_tito.py; tests/vllm/test_contract.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Semantics kept from requests as the upstream pool uses it:
 Only plain http without a proxy: the pool keeps requests for https upstreams and for upstreams
 behind an environment proxy (upstream.py).
 
-Tests: tests/test_http11.py.
+Tests: tests/gateway/test_http11.py.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ class Response:
         that the connection goes back to the pool; else close it. For a stream whose last event
         was read: an SSE reader stops at `data: [DONE]`; when the chunked terminator had not come
         in the same read, closing there threw the kept-alive connection away (vLLM usually sends
-        both together; tests/test_http11.py has a server that does not). Returns whether the
+        both together; tests/gateway/test_http11.py has a server that does not). Returns whether the
         connection was kept."""
         conn = self._conn
         if self._done:

@@ -5,7 +5,7 @@ Every generation goes to vLLM's OpenAI chat endpoint with `return_token_ids` and
 capture record carries the exact sampled ids. A session sticks to one upstream (rendezvous hash on
 the session id) so its prefix stays in that server's KV cache; an unhealthy upstream is skipped.
 
-Tests: tests/test_cancel.py, tests/test_streaming.py, tests/test_http11.py.
+Tests: tests/pipeline/test_cancel.py, tests/gateway/test_streaming.py, tests/gateway/test_http11.py.
 """
 
 from __future__ import annotations

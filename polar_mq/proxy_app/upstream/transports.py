@@ -7,8 +7,8 @@ built (`transport_for`), so the pool never asks which client it holds.
   cannot idle: a stream read waits until data or the read timeout.
 
 Both raise `UpstreamTimeout` (no answer within the read timeout) or `UpstreamUnreachable`
-(could not connect or send), and give a `Reply` with the same surface (tests/test_http11.py,
-tests/test_gateway.py)."""
+(could not connect or send), and give a `Reply` with the same surface (tests/gateway/test_http11.py,
+tests/gateway/test_gateway.py)."""
 
 from __future__ import annotations
 

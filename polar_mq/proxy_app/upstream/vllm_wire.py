@@ -5,7 +5,7 @@ a stream's chunks accumulate into the same answer and which normalised events ea
 stream's SSE bytes split into `data:` payloads, and how vLLM's 4xx messages map to the gateway's
 errors. The pool that talks to the servers (retries, affinity, health) is upstream.py.
 
-Tests: tests/test_sse_parser.py, tests/test_token_ids.py; tests/vllm/test_contract.py.
+Tests: tests/gateway/test_sse_parser.py, tests/gateway/test_token_ids.py; tests/vllm/test_contract.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 token text, model lists, Codex's WebSocket probe). The provider calls are FastPath's (fastpath.py,
 the endpoints of routes.py), installed here in front of Flask's WSGI app.
 
-Tests: tests/test_gateway.py, tests/test_gateway_inprocess.py.
+Tests: tests/gateway/test_gateway.py, tests/gateway/test_gateway_inprocess.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def redis_client(url: str, max_connections: int = 512):
 def create_app(settings: GatewaySettings, *, store: GatewayStore | None = None,
                pool: UpstreamPool | None = None, startup_checks: bool = True) -> Flask:
     """The gateway's Flask app. `store` and `pool` default to a store on `settings.redis_url` and
-    the upstream pool of `settings.upstreams`; a test passes its own (tests/mock_pool.py: the pool's
+    the upstream pool of `settings.upstreams`; a test passes its own (tests/support/mock_pool.py: the pool's
     interface over one answer function) and `startup_checks=False`, which skips probing upstreams,
     the health thread and the spool replay."""
     if store is None:

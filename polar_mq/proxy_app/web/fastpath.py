@@ -9,8 +9,8 @@ or the SDK's header, the body (sized or chunked, capped at the gateway limit), t
 count; errors in the provider's shape, an unexpected exception logged and answered in it too;
 replies serialised with orjson (compact UTF-8 JSON, key order kept).
 
-Tests: tests/test_gateway_inprocess.py, tests/test_deferred_store.py,
-tests/test_early_admission.py.
+Tests: tests/gateway/test_gateway_inprocess.py, tests/gateway/test_deferred_store.py,
+tests/gateway/test_early_admission.py.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class ThenStore:
     Why: the record's MULTI is sent before the reply; its answer is read while the client
     already reads its own, so a call's latency does not include that Redis round trip.
     The next request on the connection is read only after `close()`, so a client's next call
-    finds its previous record stored (TITO reads it; tests/test_deferred_store.py)."""
+    finds its previous record stored (TITO reads it; tests/gateway/test_deferred_store.py)."""
 
 
     __slots__ = ("data", "_after")

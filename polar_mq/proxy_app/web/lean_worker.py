@@ -25,7 +25,7 @@ Every other request — any method or path FastPath does not serve, a chunked up
 gunicorn would refuse (it parses the same bytes again and answers its own error) — goes to
 gunicorn: the connection continues in `AsyncWorker.handle` over `ReplaySocket`, which gives back
 the bytes read so far first. So a client sees gunicorn's behaviour for everything but the plain
-provider call, and for that one the same reply bytes gunicorn writes (tests/test_lean_worker.py).
+provider call, and for that one the same reply bytes gunicorn writes (tests/gateway/test_lean_worker.py).
 
 What the lean path does not run: gunicorn's pre_request/post_request hooks and access log (the
 gateway configures neither). Set POLAR_GATEWAY_LEAN_HTTP=0 (or `--no-lean-http`) to serve every

@@ -25,7 +25,7 @@ work on records with and without them: `tito` true counts a continuation; a reco
 a recorded call (`parent_call_id` set) but went upstream re-rendered (`tito` false) counts a break
 (the token prefix of the conversation was not carried over).
 
-Tests: tests/test_metrics_live.py.
+Tests: tests/gateway/test_metrics_live.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one table of provider endpoints: every provider call (Anthropic, OpenAI Chat and
 Responses, Gemini, their token counts) is matched here and served by FastPath (fastpath.py);
 the lean worker takes exactly these paths too. Everything else is the Flask app's.
-tests/test_gateway.py, tests/test_gemini.py and tests/test_lean_worker.py guard it."""
+tests/gateway/test_gateway.py, tests/adapters/test_gemini.py and tests/gateway/test_lean_worker.py guard it."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Errors here are JSON problem details (RFC 9457), not provider shapes: callers are our own
 pipeline and scripts, not harnesses.
 
-Tests: tests/test_gateway.py, tests/test_api.py.
+Tests: tests/gateway/test_gateway.py, tests/api/test_api.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Modules: `readers` (files â†’ rows), `swebench_rows` (SWE-bench / SWE-Gym rows â
 tasks, image names), `build` (template merge, ids, sampling options), `submit` (submission with
 per-row results).
 
-Tests: tests/test_datasets.py.
+Tests: tests/rl/test_datasets.py.
 """
 
 from polar_mq.rl.datasets.build import BuiltTask

@@ -16,7 +16,7 @@ built here with the local Docker engine (tagged by the content of environment/, 
 task is not rebuilt); nothing is pulled: a `FROM` image the engine does not have is a row error
 naming it. The row is a TaskRequest fragment: instruction, timeout (agent.timeout_sec), runtime
 (docker, the built image, its WORKDIR, cpus/memory), grader `harbor` with the task dir, metadata;
-the template gives the agent. Guarded by tests/test_harbor.py.
+the template gives the agent. Guarded by tests/graders/test_harbor.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Token-level rows (one per trace) carry `prompt_ids`, `response_ids`, `loss_mask`
 `datasets.load_dataset("json" | "parquet", data_files=...)`. SFT rows are OpenAI-chat
 `{"messages", "tools"}` records. Filters: status, minimum reward, harness, trace role.
 
-Tests: tests/test_export.py.
+Tests: tests/rl/test_export.py.
 """
 
 from polar_mq.rl.export.core import FORMATS

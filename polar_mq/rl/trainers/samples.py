@@ -13,7 +13,7 @@ TIMEOUT keeps its reward (the grader scored what was done). A group with fewer t
 trajectories, or (``drop_constant``) with one reward for all, teaches GRPO nothing and yields no
 rows (``GroupBatch.skipped`` says why).
 
-Tests: tests/test_trainer_mappings.py.
+Tests: tests/rl/test_trainer_mappings.py.
 """
 
 from __future__ import annotations

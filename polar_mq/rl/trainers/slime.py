@@ -27,7 +27,7 @@ slime's entry point for a custom rollout is ``--rollout-function-path module.fn`
 ``fn(args, rollout_id, data_source, evaluation=False)`` returning a list of groups (each a list of
 ``Sample``). ``generate_rollout`` below is that function over polar_mq: it takes finished groups
 from the groups API (``POLAR_API_URL``) and maps them. Run here: the field mapping on real
-trajectories (tests/test_trainer_mappings.py); NOT run: slime itself (it needs Megatron/SGLang
+trajectories (tests/rl/test_trainer_mappings.py); NOT run: slime itself (it needs Megatron/SGLang
 and GPUs), so the ``Sample`` class is imported only when slime is installed, and without it the
 same fields come back as dicts (``as_dicts=True``).
 """

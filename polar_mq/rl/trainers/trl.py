@@ -24,14 +24,14 @@ cannot be fed to TRL whole: ``multi_trace="error"`` (the default) raises and nam
 rather than train on part of it silently; ``multi_trace="main"`` takes the trace labelled
 ``metadata.role == "main"`` and counts the others in ``dropped_traces``. Every trace of every
 session is trained on by ``polar_mq.rl.trainers.samples`` (the project's own trainer in
-examples/grpo). Guarded by tests/test_grpo_loop.py::test_trl_rollout_refuses_part_of_a_session.
+examples/grpo). Guarded by tests/rl/test_grpo_loop.py::test_trl_rollout_refuses_part_of_a_session.
 
 Weights: TRL trains the model in-process; the engine behind the gateway must get them after each
 step (``sync_callback``: a ``TrainerCallback`` that saves the weights and calls your sync, e.g.
 ``examples/grpo/vllm_policy.sync``), and ``policy_version`` = the trainer's global step is set on
 each task, so groups and records say which weights sampled them.
 
-Tests: tests/test_trl_rollout.py.
+Tests: tests/rl/test_trl_rollout.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ post to internal services on the submitter's behalf. Redirects are never followe
 
 Callbacks are signed with a secret of their own: `POLAR_CALLBACK_SECRET`, else
 `$POLAR_HOME/callback.secret` (generated, 0600), never a service token, so a receiver that
-verifies signatures holds nothing that opens the API (tests/test_trust_callbacks.py).
+verifies signatures holds nothing that opens the API (tests/trust/test_trust_callbacks.py).
 """
 
 from __future__ import annotations

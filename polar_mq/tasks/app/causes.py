@@ -4,7 +4,7 @@ A stage that raises leaves its session to the janitor, which retries it and, aft
 `max_attempts`, ends it as ERROR. Its `error` is the last attempt's cause, then "gave up after N
 attempts (last in STATE on NODE)", e.g. "gateway unreachable at http://127.0.0.1:8600: connection
 refused; gave up after 3 attempts (...)": the user sees why without the worker's log.
-Guarded by tests/test_give_up_cause.py.
+Guarded by tests/pipeline/test_give_up_cause.py.
 """
 
 from __future__ import annotations

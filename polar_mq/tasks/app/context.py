@@ -1,6 +1,6 @@
 """What a stage needs: settings, the pipeline store, the gateway and a way to enqueue stages.
 
-Tests: tests/test_dispatch_paths.py.
+Tests: tests/pipeline/test_dispatch_paths.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ it stops a cancelled task: queued ones end at once (ERROR, "cancelled"), a runni
 stopped by its cancel watch and its partial trajectory is built from the calls it made. Each
 session that ends "cancelled" under this flag is labelled `metadata.early_stopped: true` and
 counted in a per-task set the group (`GET /v1/groups/next`, `early_stopped`) reads.
-Guarded by tests/test_early_stop.py.
+Guarded by tests/pipeline/test_early_stop.py.
 """
 
 from __future__ import annotations

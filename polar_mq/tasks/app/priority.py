@@ -10,7 +10,7 @@ Two places decide what starts next, and both follow the task's priority:
   a slot goes to the highest one waiting (`try_acquire_slot`), so a high task prepared behind a
   full buffer does not queue behind lower sessions that were waiting longer.
 
-Guarded by tests/test_dispatch_priority.py.
+Guarded by tests/pipeline/test_dispatch_priority.py.
 """
 
 from __future__ import annotations

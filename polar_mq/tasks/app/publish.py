@@ -3,7 +3,7 @@
 Why: `send_task` runs routing, option merging, message building, kombu's producer and channel,
 then one LPUSH, and that Python around the LPUSH costs about ten times the LPUSH itself
 (bench/bench_dispatch.py; figures in docs/benchmarks.md). `StageMessages` builds the same
-message (tests/test_publish.py) — Celery's task protocol 2 headers
+message (tests/pipeline/test_publish.py) — Celery's task protocol 2 headers
 and properties, the msgpack body base64-encoded, the JSON envelope kombu's Redis transport LPUSHes
 onto the queue's list — and LPUSHes it with the stage's own Redis client (which rides out a Redis
 restart like Celery's publish retries). Workers read it as any other message; the janitor finds it

@@ -12,7 +12,7 @@ whose runtime's node is gone goes to the shared queue (it can build and grade fr
 calls; teardown is skipped). A run whose node is gone is never sent anywhere: the janitor
 re-initialises the session.
 
-Tests: tests/test_publish.py, tests/test_many_hosts.py.
+Tests: tests/pipeline/test_publish.py, tests/pipeline/test_many_hosts.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ blocks that loop for as long as Redis is unreachable (the client rides out outag
 off from Redis kept its harness running for the whole partition. The flag is read here, by a
 thread, and `should_stop` only looks at two in-memory events.
 
-Tests: tests/test_cancel.py.
+Tests: tests/pipeline/test_cancel.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the fence: `transition` on that session is accepted only while the lease still h
 checked in the same WATCH/MULTI as the state check, so a worker that was cut off (or paused) past
 its lease can never write its stale outcome over the attempt that took over.
 
-Tests: tests/test_fencing_recovery.py.
+Tests: tests/pipeline/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

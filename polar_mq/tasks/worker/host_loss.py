@@ -18,7 +18,7 @@ No verdict while the watcher itself could not see Redis for a while (a Redis out
 stops every beat at once): it waits `node_timeout` of Redis answering before it judges, by then live
 nodes have beaten again. A node that was only cut off self-fences as before (lease.py: its holders
 stop once renewals fail for SELF_FENCE × lease TTL); its writes are refused from the fence on.
-tests/test_host_loss.py measures the time from kill -9 of a host to its sessions moving on.
+tests/pipeline/test_host_loss.py measures the time from kill -9 of a host to its sessions moving on.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class HostWatch:
         """Whether a holder that was cut off rather than dead has fenced itself and stopped its
         harness by now: its last renewal (the lease's TTL minus what is left of it) is more than
         SELF_FENCE × TTL + the harness kill ago. Until then its lease is not taken: never two
-        live attempts (tests/test_host_loss.py)."""
+        live attempts (tests/pipeline/test_host_loss.py)."""
         if pttl_ms is None or pttl_ms < 0:
             return True  # gone, or no expiry
         since_renewal = ttl - pttl_ms / 1000.0

@@ -6,7 +6,7 @@ runtime's host is gone is re-initialised elsewhere, and messages held by dead wo
 (recovery.py). One janitor runs at a time cluster-wide (a Redis lock); every worker runs the loop,
 so there is always one.
 
-Tests: tests/test_pipeline_faults.py, tests/test_fencing_recovery.py.
+Tests: tests/pipeline/test_pipeline_faults.py, tests/pipeline/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ lease can lapse in Redis, so it stops its harness before anyone else may start t
 Its token also fences every write (PipelineStore.transition(fence=...)): after the lapse no write
 of this attempt is accepted, whatever the worker believes.
 
-Tests: tests/test_fencing_recovery.py.
+Tests: tests/pipeline/test_fencing_recovery.py.
 """
 
 from __future__ import annotations

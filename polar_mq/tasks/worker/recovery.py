@@ -11,7 +11,7 @@
 2. Dead hosts. A session whose runtime lives on a node that stopped beating is prepared again on
    another host (READY/RUNNING → INITIALIZING, a new attempt, a fresh gateway session).
 
-Tests: tests/test_fencing_recovery.py, tests/test_many_hosts.py.
+Tests: tests/pipeline/test_fencing_recovery.py, tests/pipeline/test_many_hosts.py.
 """
 
 from __future__ import annotations

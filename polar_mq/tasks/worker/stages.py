@@ -4,7 +4,7 @@ Each stage is idempotent: it checks the session's state, takes the session's lea
 state with an atomic compare-and-set. A duplicate delivery finds the state already advanced (or a
 live lease) and returns; a takeover after a dead worker finds a stale state and redoes the stage.
 
-Tests: tests/test_pipeline.py, tests/test_pipeline_faults.py.
+Tests: tests/pipeline/test_pipeline.py, tests/pipeline/test_pipeline_faults.py.
 """
 
 from __future__ import annotations

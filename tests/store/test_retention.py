@@ -1,0 +1,185 @@
+"""Retention for weeks-long runs: a finished task's keys expire after its results are exported,
+`polar-mq gc` expires (or deletes) finished tasks nobody exported, /metrics shows Redis memory.
+
+One Redis for the pipeline and its gateway, as `polar-mq up` and the compose file run them, and
+a gateway with a Redis of its own (POLAR_GATEWAY_REDIS_URL, `gc --gateway-redis`); real gateway,
+API, Celery workers and redis-server processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+import requests
+
+from tests.support.servers import AUTH, GatewayHandle, spawn, start_gateway, stop
+from tests.support.pipeline import ROOT, TINY_AGENT, agent_task, make_pipeline
+from polar_mq import states
+from polar_mq.store import retention
+from polar_mq.cli.embedded_redis import start_embedded
+from polar_mq.store.core import Keys
+from polar_mq.cli.up import free_port
+
+
+class _Shared:
+    """The test's Redis, handed to the pipeline without letting it stop the server."""
+
+    def __init__(self, server):
+        self.url = server.url
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def env(log_dir, model_server, tmp_path_factory):
+    server = start_embedded()
+    gw = start_gateway(log_dir, server.url, [model_server], name="gw-retention")
+    gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=server.url, server=gw)
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention"), redis_server=_Shared(server),
+                      POLAR_RETENTION_SECONDS="5000", POLAR_KEEP_WORKDIRS="0")
+    for stage in ("init", "run", "postrun"):
+        p.start_worker(stage, 1)
+    port = free_port()
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", server.url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-retention-{port}", env={**p.env, "POLAR_API_TOKEN": ""})
+    yield p, gateway, f"http://127.0.0.1:{port}", redis.Redis.from_url(server.url)
+    stop(api.proc)
+    p.stop()
+    stop(gw.proc)
+    server.stop()
+
+
+def run_task(p, n: int = 2) -> tuple[str, list]:
+    tid, sids = p.submit(agent_task(num_samples=n, timeout_seconds=60))
+    recs = p.wait(sids, timeout=90)
+    assert all(r.state == states.COMPLETED for r in recs), [(r.state, r.error) for r in recs]
+    return tid, recs
+
+
+def ttls(r: redis.Redis, tid: str) -> dict[str, int]:
+    return {k: r.ttl(k) for k in retention.task_keys(r, Keys(), tid)}
+
+
+def test_export_gives_every_key_of_the_task_its_retention(env):
+    p, gateway, api, r = env
+    tid, recs = run_task(p)
+    before = ttls(r, tid)
+    assert before and all(t == -1 for t in before.values())  # nothing expires before the export
+    gw_keys = [k for k in before if ":gw:" in k]
+    assert any(":gw:chunks:" in k for k in gw_keys) and any(":gw:key:" in k for k in gw_keys)
+    assert requests.get(f"{api}/v1/tasks/{tid}/results", headers=AUTH, timeout=10).status_code == 200
+    after = ttls(r, tid)
+    assert set(after) == set(before) | {Keys().task_exported(tid)}
+    assert all(4000 < t <= 5000 for t in after.values()), after
+    # the session's work dir went after postrun; its logs stay until gc prunes the task
+    sdir = recs[0].runtime.session_dir
+    assert sorted(p.name for p in __import__("pathlib").Path(sdir).iterdir()) == ["logs"]
+
+
+def test_gc_expires_unexported_finished_tasks_and_deletes_on_request(env):
+    p, gateway, api, r = env
+    tid, recs = run_task(p, 1)
+    keys = Keys()
+    cmd = [sys.executable, "-m", "polar_mq.cli", "gc", "--redis", gateway.redis_url, "--older-than", "0"]
+    dry = json.loads(subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, cwd=ROOT, check=True,
+                                    env={**p.env}).stdout)
+    assert dry["expiring"] >= 1 and all(t == -1 for t in ttls(r, tid).values())
+    out = json.loads(subprocess.run(cmd + ["--retention", "777"], capture_output=True, text=True, cwd=ROOT,
+                                    check=True, env={**p.env}).stdout)
+    assert out["expiring"] >= 1
+    assert all(0 < t <= 777 for t in ttls(r, tid).values())
+    out = json.loads(subprocess.run(cmd + ["--delete"], capture_output=True, text=True, cwd=ROOT, check=True,
+                                    env={**p.env}).stdout)
+    assert out["deleted"] >= 1 and out["dirs_pruned"] >= 1
+    assert retention.task_keys(r, keys, tid) == []
+    assert r.zscore(keys.task_index(), tid) is None
+    gw_sid = recs[0].gateway_session_id
+    assert not r.exists(keys.calls(gw_sid)) and not r.exists(keys.call_chunks(gw_sid))
+    assert requests.get(f"{api}/v1/tasks/{tid}", headers=AUTH, timeout=10).status_code == 404
+
+
+def test_unfinished_tasks_are_never_collected(env):
+    p, gateway, api, r = env
+    tid, sids = p.submit(agent_task(num_samples=1, timeout_seconds=60,
+                                    agent={"harness": "shell", "options": {"command": "sleep 6"}}))
+    report = retention.gc(r, Keys(), retention=10, older_than=0, delete=True)
+    assert tid not in report.deleted and r.exists(Keys().task(tid))
+    assert not retention.mark_exported(r, Keys(), tid, 100)
+    p.wait(sids, timeout=60)
+
+
+def test_metrics_show_redis_memory(env):
+    _, _, api, _ = env
+    text = requests.get(f"{api}/metrics", headers=AUTH, timeout=10).text
+    used = [line for line in text.splitlines() if line.startswith('polar_mq_redis_memory_bytes{kind="used"}')]
+    assert used and int(used[0].split()[-1]) > 100_000
+    assert 'polar_mq_redis_memory_bytes{kind="maxmemory"}' in text
+
+
+def test_trainer_ack_starts_the_retention_too(env):
+    p, gateway, api, r = env
+    tid, _ = run_task(p, 1)
+    assert all(t == -1 for t in ttls(r, tid).values())
+    resp = requests.post(f"{api}/v1/groups/{tid}/ack", headers=AUTH, json={}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    after = ttls(r, tid)
+    assert any(":group:" in k for k in after) and all(4000 < t <= 5000 for t in after.values()), after
+
+
+# --- the gateway with a Redis of its own ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def split_env(log_dir, model_server, tmp_path_factory):
+    """Pipeline and API on one Redis, the gateway on another (POLAR_GATEWAY_REDIS_URL)."""
+    pipeline_redis, gateway_redis = start_embedded(), start_embedded()
+    gw = start_gateway(log_dir, gateway_redis.url, [model_server], name="gw-retention-split")
+    gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=gateway_redis.url, server=gw)
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention-split"), redis_server=_Shared(pipeline_redis),
+                      POLAR_RETENTION_SECONDS="5000", POLAR_GATEWAY_REDIS_URL=gateway_redis.url)
+    for stage in ("init", "run", "postrun"):
+        p.start_worker(stage, 1)
+    port = free_port()
+    api = spawn([sys.executable, "-m", "polar_mq.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                 "--redis", pipeline_redis.url, "--workers", "1"], f"http://127.0.0.1:{port}/health", log_dir,
+                f"api-retention-split-{port}", env={**p.env, "POLAR_API_TOKEN": ""})
+    yield (p, f"http://127.0.0.1:{port}", redis.Redis.from_url(pipeline_redis.url),
+           redis.Redis.from_url(gateway_redis.url))
+    stop(api.proc)
+    p.stop()
+    stop(gw.proc)
+    pipeline_redis.stop()
+    gateway_redis.stop()
+
+
+def test_retention_and_gc_reach_the_gateways_own_redis(split_env):
+    p, api, r, g = split_env
+    keys = Keys()
+    tid, recs = run_task(p, 2)
+    here, there = retention.owned_keys(r, keys, tid, g)
+    gw_sids = [rec.gateway_session_id for rec in recs]
+    assert all(keys.calls(s) in there and keys.call_chunks(s) in there for s in gw_sids), there
+    assert not any(":gw:" in k for k in here) and not any(r.exists(keys.calls(s)) for s in gw_sids)
+    assert all(t == -1 for k in there for t in [g.ttl(k)])
+    # export through the API: both servers' keys get the retention
+    assert requests.get(f"{api}/v1/tasks/{tid}/results", headers=AUTH, timeout=10).status_code == 200
+    assert all(4000 < r.ttl(k) <= 5000 for k in here)
+    assert all(4000 < g.ttl(k) <= 5000 for k in there), {k: g.ttl(k) for k in there}
+    text = requests.get(f"{api}/metrics", headers=AUTH, timeout=10).text
+    assert 'polar_mq_gateway_redis_memory_bytes{kind="used"}' in text
+
+    # gc --delete with both URLs removes the gateway's records too, and reports both servers
+    tid2, recs2 = run_task(p, 1)
+    _, there2 = retention.owned_keys(r, keys, tid2, g)
+    assert there2
+    out = json.loads(subprocess.run(
+        [sys.executable, "-m", "polar_mq.cli", "gc", "--redis", p.redis_url, "--gateway-redis",
+         p.env["POLAR_GATEWAY_REDIS_URL"], "--older-than", "0", "--delete"],
+        capture_output=True, text=True, cwd=ROOT, check=True, env={**p.env}).stdout)
+    assert out["deleted"] >= 2 and "gateway_freed_bytes" in out
+    assert not any(g.exists(k) for k in there2)
+    assert retention.task_keys(r, keys, tid2, g) == []

@@ -1,0 +1,162 @@
+"""Redis with Sentinel: `redis+sentinel://` URLs for every role, and a failover mid-run.
+
+A real primary, two replicas and three redis-sentinel processes on loopback; the gateway and the
+three worker pools get the Sentinel URL. kill -9 of the primary while the sessions run: every
+session COMPLETES exactly once (one harness run each), every model call is in its trajectory,
+and the time to the first write on the new primary is measured (printed, docs/deployment.md)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.servers import start_gateway, stop
+from tests.support.pipeline import TINY_AGENT, agent_task, make_pipeline
+from polar_mq import states
+from polar_mq.store.redis_url import RedisURLError, celery_broker, client, parse_sentinel, uses_sentinel
+from polar_mq.store.core import connect
+from tests.support.sentinel import MASTER, start_sentinel_cluster
+
+SLOW_AGENT = (f'echo "start $$ $(date +%s.%N)" >> ../marks; {sys.executable} {TINY_AGENT}; sleep 4; '
+              f'echo "end $$ $(date +%s.%N)" >> ../marks')
+
+
+def test_sentinel_url_parts():
+    p = parse_sentinel("redis+sentinel://u:s%40cret@h1:26379,h2:26380/mymaster/2")
+    assert p.sentinels == [("h1", 26379), ("h2", 26380)] and p.master == "mymaster" and p.db == 2
+    assert (p.username, p.password) == ("u", "s@cret")
+    p = parse_sentinel("redis+sentinel://:pw@h1,h2:1/m/0")
+    assert p.sentinels == [("h1", 26379), ("h2", 1)] and p.username is None and p.password == "pw"
+    for bad in ("redis+sentinel://h1:1", "redis+sentinel:///m/0", "redis+sentinel://h1:x/m/0",
+                "redis+sentinel://h1:1/m/zero"):
+        with pytest.raises(RedisURLError):
+            parse_sentinel(bad)
+    broker, options = celery_broker("redis+sentinel://:pw@h1:1,h2:2/m/3")
+    assert broker == "sentinel://:pw@h1:1/3;sentinel://:pw@h2:2/3" and options == {"master_name": "m"}
+    assert celery_broker("redis://h:1/0") == ("redis://h:1/0", {})
+
+
+def _run_failover(gateway_upstream: str, log_dir: Path, tmp_path: Path, sessions: int) -> None:
+    cluster = start_sentinel_cluster(tmp_path / "sentinel")
+    gw = p = None
+    try:
+        r = client(cluster.url)
+        assert uses_sentinel(r) and r.ping()
+        gw = start_gateway(log_dir, cluster.url, [gateway_upstream], name="gateway-sentinel")
+
+        class _GW:
+            url = gw.url
+
+        # The lease outlives the failover (a holder fences itself after 0.6 TTL without Redis).
+        p = make_pipeline(_GW, tmp_path, redis_server=cluster, POLAR_LEASE_TTL="10",
+                          POLAR_READY_CAPACITY=str(sessions))
+        p.start_worker("init", 2)
+        p.start_worker("run", sessions)
+        p.start_worker("postrun", 2)
+        _, sids = p.submit(agent_task(num_samples=sessions,
+                                      agent={"harness": "shell", "options": {"command": SLOW_AGENT}}))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            running = [s for s in p.store.get_sessions(sids) if s.state == states.RUNNING]
+            if len(running) >= max(1, sessions // 2):
+                break
+            time.sleep(0.1)
+        assert running, "no session reached RUNNING"
+        old = cluster.kill_primary()
+        killed = time.time()
+        probe = connect(cluster.url, ride_out_outages=60)
+        probe.set("polar:probe:first-write", repr(killed))
+        first_write = time.time() - killed
+        assert cluster.primary_port() != old.port
+        recs = p.wait(sids, timeout=180)
+        done = time.time() - killed
+        print(f"\nsentinel failover: first write on the new primary {first_write:.2f} s after kill -9; "
+              f"{sessions} sessions finished {done:.1f} s after it")
+        for rec in recs:
+            assert rec.state == states.COMPLETED, (rec.session_id, rec.state, rec.error)
+            assert sum(h[0] in states.TERMINAL for h in rec.history) == 1
+            lines = [ln for ln in (Path(rec.runtime.session_dir) / "marks").read_text().split("\n") if ln]
+            assert sum(ln.startswith("start") for ln in lines) == 1, lines  # never run twice
+            assert sum(ln.startswith("end") for ln in lines) == 1, lines
+            traj = p.store.get_trajectory(rec.session_id)
+            assert traj.status == "COMPLETED" and traj.stats["calls"] == 2, traj.stats
+        assert len({r.session_id for r in recs}) == sessions
+        # State changes, group acks and gateway records waited for a replica (replicated.py).
+        assert cluster.primary().client.info("commandstats")["cmdstat_wait"]["calls"] > 0
+    finally:
+        if p is not None:
+            p.stop()
+        else:
+            cluster.stop()
+        if gw is not None:
+            stop(gw.proc)
+
+
+def test_failover_mid_run_loses_nothing(model_server, log_dir, tmp_path):
+    _run_failover(model_server, log_dir, tmp_path, sessions=8)
+
+
+@pytest.mark.full
+def test_failover_mid_run_32_sessions(model_server, log_dir, tmp_path):
+    _run_failover(model_server, log_dir, tmp_path, sessions=32)
+
+
+def test_wrong_master_name_is_a_clear_error(tmp_path):
+    cluster = start_sentinel_cluster(tmp_path / "s", replicas=1)
+    try:
+        url = cluster.url.replace(f"/{MASTER}/", "/nosuch/")
+        with pytest.raises(redis.ConnectionError, match="nosuch"):
+            client(url, socket_timeout=1).ping()
+    finally:
+        cluster.stop()
+
+
+def test_compose_sentinel_variant_points_every_role_at_the_sentinels():
+    import json
+    import os
+    import subprocess
+
+    from tests.support.servers import ROOT
+    from tests.deploy.test_deploy import compose_binary
+
+    out = subprocess.run([compose_binary(), "-f", str(ROOT / "compose" / "docker-compose.yml"),
+                          "-f", str(ROOT / "compose" / "sentinel.yml"), "config", "--format", "json"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "POLAR_TOKEN_FILE": str(ROOT / "README.md")})
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    assert {"sentinel-1", "sentinel-2", "sentinel-3", "redis-replica-1", "redis-replica-2"} <= set(services)
+    for name in ("api", "gateway", "worker_init", "worker_run", "worker_postrun", "flower"):
+        url = services[name]["environment"]["POLAR_REDIS_URL"]
+        p = parse_sentinel(url)
+        assert p.master == "polar" and len(p.sentinels) == 3, (name, url)
+
+
+def test_up_api_and_cli_on_a_sentinel_url(tmp_path):
+    """`polar-mq up --redis redis+sentinel://...`: the API, gateway and pools it starts and the
+    CLI's cluster view all reach the primary through the Sentinels (no embedded Redis started)."""
+    import subprocess
+
+    from tests.support.pipeline import TINY_AGENT as agent
+    from tests.deploy.test_up_durable import Up
+    from polar_mq.cli.embedded_redis import free_port
+
+    cluster = start_sentinel_cluster(tmp_path / "s", replicas=1)
+    up = Up(tmp_path, tmp_path / "home", free_port(), free_port())
+    try:
+        api = up.start("--redis", cluster.url)
+        sub = api.submit({"instruction": "Write hello into polar.txt", "num_samples": 2,
+                          "agent": {"harness": "shell", "options": {"command": [sys.executable, str(agent)]}}})
+        assert [s["state"] for s in api.wait(sub["task_id"], timeout=120)["sessions"]] == ["COMPLETED"] * 2
+        assert cluster.primary().client.exists(*cluster.primary().client.keys("*task*")) > 0
+        out = subprocess.run([sys.executable, "-m", "polar_mq.cli", "status", "--cluster", "--json",
+                              "--redis", cluster.url], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and '"alive": true' in out.stdout, out.stderr[-2000:]
+        assert not (tmp_path / "home" / "redis").exists()  # nothing embedded
+    finally:
+        up.stop()
+        cluster.stop()

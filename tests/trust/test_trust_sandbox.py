@@ -1,0 +1,117 @@
+"""The sandbox reaches its own session's gateway endpoints and nothing else, tried from inside a
+real bwrap sandbox of a task run by `polar-mq up` (polar_mq.cli.up.launch: API, gateway, the three
+pools and Flower as real processes): not the API, Redis or Flower, not the gateway's /sessions or
+/health, not another session (its key in the URL, a header or the query), not by smuggling a
+second request, not the token file or another session's files. The task names no runtime: the
+default picks the safest available, bwrap here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from tests.support.servers import AUTH, ROOT, TOKEN
+from polar_mq.client import Client
+from polar_mq.cli.embedded_redis import free_port
+from polar_mq.runtimes import bwrap_works
+
+pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot make a sandbox here")
+PROBE = ROOT / "tests" / "support" / "sandbox_probe.py"
+
+
+@pytest.fixture()
+def stack(monkeypatch):
+    """`polar-mq up` with its state outside /tmp (the sandbox's /tmp is private anyway: this makes
+    the hiding of host paths what is tested)."""
+    from polar_mq.cli.up import launch
+
+    base = Path("/var/tmp") / f"polar-trust-{uuid.uuid4().hex[:8]}"
+    home, sessions, results = base / "home", base / "sessions", base / "results"
+    home.mkdir(parents=True)
+    (home / "token").write_text(TOKEN + "\n")
+    (home / "token").chmod(0o600)
+    env = {"POLAR_HOME": str(home), "POLAR_SESSIONS_DIR": str(sessions), "POLAR_RESULTS_DIR": str(results),
+           "POLAR_LOG_DIR": str(base / "logs")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    st = launch(api_port=free_port(), gateway_port=free_port(), flower_port=free_port(), flower=True,
+                concurrency=(1, 1, 1), extra_env=env)
+    try:
+        yield st, base
+    finally:
+        st.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_sandbox_reaches_only_its_own_session(stack):
+    st, base = stack
+    # Another session with a call of its own, and a file of it on disk (as a harness config would be).
+    other = requests.post(f"{st.gateway_url}/sessions", json={"session_id": "victim"}, headers=AUTH,
+                          timeout=10).json()
+    chat = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi polar:notool"}]}
+    assert requests.post(f"{other['base_urls']['openai']}/chat/completions", json=chat, timeout=30).ok
+    other_dir = base / "sessions" / "victim-task" / "victim" / "home"
+    other_dir.mkdir(parents=True)
+    (other_dir / "config.json").write_text(json.dumps({"api_key": other["key"]}))
+    # Flower is behind the token for the host too.
+    assert requests.get(f"{st.flower_url}/api/workers", timeout=10).status_code == 401
+
+    redis_url = urlsplit(st.redis_url)
+    assert redis_url.password  # `polar-mq up`'s Redis has one; the sandbox gets only host:port
+    redis_hostport = f"{redis_url.hostname}:{redis_url.port}"
+    task = {"instruction": "probe", "num_samples": 1, "timeout_seconds": 120,
+            "agent": {"harness": "shell", "options": {"command": [sys.executable, str(PROBE)]}},
+            "runtime": {"keep_workdir": True, "env": {"PROBE_API": urlsplit(st.api_url).netloc, "PROBE_REDIS": redis_hostport,
+                                "PROBE_FLOWER": urlsplit(st.flower_url).netloc, "PROBE_OTHER_KEY": other["key"],
+                                "PROBE_TOKEN_FILE": str(base / "home" / "token"),
+                                "PROBE_OTHER_DIR": str(other_dir)}}}
+    client = Client(st.api_url, token=st.token)
+    sub = client.submit(task)
+    final = client.wait(sub["task_id"], timeout=120, poll=0.5)
+    sess = client.session(sub["session_ids"][0])
+    assert final["sessions"][0]["state"] == "COMPLETED", sess.get("error")
+    assert sess["runtime"]["backend"] == "bwrap"  # the default: the safest runtime available
+    got = json.loads(Path(sess["runtime"]["workdir"], "probe.json").read_text())
+
+    assert got["own_chat"] == 200 and got["own_key_as_header"] == 200, got
+    for name in ("sessions_list", "sessions_create", "gateway_health", "other_in_url", "other_as_header",
+                 "other_as_query"):
+        assert got[name] == 403, (name, got)
+    for name in ("api", "redis", "flower", "internet"):
+        assert str(got[name]).startswith("refused"), (name, got)
+    assert got["smuggle_answers"] == 1, got
+    assert got["token_file"].startswith("hidden") and got["other_dir"].startswith("hidden"), got
+    assert got["docker_socket"] == "hidden"
+
+    # The other session is untouched: no call injected into it, and the probe's calls are its own.
+    calls = requests.get(f"{st.gateway_url}/sessions/victim/calls", headers=AUTH, timeout=10).json()["calls"]
+    assert len(calls) == 1
+    own = requests.get(f"{st.gateway_url}/sessions/{sess['gateway_session_id']}/calls", headers=AUTH,
+                       timeout=10).json()["calls"]
+    assert len(own) == 3  # own_chat, own_key_as_header, the smuggling connection's one allowed request
+
+
+def test_local_refuses_prepare_exec_unless_allowed(gateway, tmp_path):
+    """A submitted task's prepare.exec never runs on the local runtime (no isolation) unless the
+    worker was started with POLAR_ALLOW_LOCAL_EXEC=1; the session ends in ERROR saying why."""
+    from tests.support.pipeline import agent_task, make_pipeline
+
+    marker = tmp_path / "ran.txt"
+    p = make_pipeline(gateway, tmp_path)
+    try:
+        for stage in ("init", "run", "postrun"):
+            p.start_worker(stage, 1)
+        _, sids = p.submit(agent_task(num_samples=1, runtime={"backend": "local", "prepare": [
+            {"exec": f"echo pwned > {marker}"}]}))
+        [rec] = p.wait(sids, timeout=60)
+        assert rec.state == "ERROR" and "POLAR_ALLOW_LOCAL_EXEC" in rec.error
+        assert not marker.exists()
+    finally:
+        p.stop()
