@@ -27,3 +27,19 @@ def check_submit(task: TaskRequest, who: Principal) -> None:
     if refusal is not None:
         raise Problem(403, refusal.detail, kind="forbidden", title="Refused by the submission policy",
                       rule=refusal.rule)
+
+
+def check_builder(task: TaskRequest) -> None:
+    """A built-in builder's whole config, checked by building it: a typo is a 400 at submit, not
+    an ERROR at postrun (tests/merge/test_merge_lineage.py)."""
+    from polar_mq.merge.registry import get_builder
+    from polar_mq.taskspec import BUILDERS, ValidationError
+
+    if task.builder.strategy not in BUILDERS:
+        return
+    try:
+        get_builder(task.builder.strategy, task.builder.config)
+    except ValueError as exc:
+        text = str(exc)
+        key = text.split("config key '", 1)[1].split("'")[0] if "config key '" in text else ""
+        raise ValidationError(f"builder.config.{key}" if key else "builder.config", text) from None

@@ -115,6 +115,7 @@ def submit() -> tuple[Response, int]:
     data = _body()
     try:
         task = parse_task(data)
+        admission.check_builder(task)
     except ValidationError as exc:
         raise validation(exc.field, exc.message)
     admission.check_submit(task, principal())  # callback_url, and a non-admin token's policy: 400/403

@@ -66,3 +66,11 @@ def service_token(role: str, *, dev: bool, explicit: str | None = None) -> str |
         print(f"polar_mq {role}: generated a token in {settings.token_file} (mode 0600); "
               f"polar-mq commands and polar_mq.client.Client read it from there", file=sys.stderr, flush=True)
     return token
+
+
+def viewer_link(api_url: str, token: str | None) -> str:
+    """The viewer's address that signs a browser in (api/ui/auth.py: the token becomes a cookie
+    and leaves the address bar at once)."""
+    from urllib.parse import quote
+
+    return f"{api_url}/ui/?token={quote(token, safe='')}" if token else f"{api_url}/ui/"

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import requests
 
+from polar_mq.cli.common import viewer_link
 from polar_mq.cli.embedded_redis import free_port
 from polar_mq.model import SessionState
 
@@ -174,14 +175,6 @@ def _pipeline(console, api_url: str, token: str | None, out_dir: Path) -> int:
     console.print(f"results: {rows} trace rows written to [bold]{out}[/] "
                   f"(also: polar-mq results {sub['task_id']} --format parquet --out FILE)")
     return sum(1 for s in status["sessions"] if s["state"] != SessionState.COMPLETED)
-
-
-def viewer_link(api_url: str, token: str | None) -> str:
-    """The viewer's address that signs a browser in (api/ui_auth.py: the token becomes a cookie
-    and leaves the address bar at once)."""
-    from urllib.parse import quote
-
-    return f"{api_url}/ui/?token={quote(token, safe='')}" if token else f"{api_url}/ui/"
 
 
 def _ask_keep() -> bool:

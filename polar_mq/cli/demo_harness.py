@@ -75,7 +75,7 @@ def run_harness(console: Any, name: str, stack: Any, keep: bool = False) -> int:
     from rich.table import Table
 
     from polar_mq.client import Client
-    from polar_mq.cli.demo import viewer_link
+    from polar_mq.cli.common import viewer_link
 
     client = Client(stack.api_url, token=stack.token)
     sub = client.submit(harness_task(name))

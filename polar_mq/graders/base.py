@@ -82,12 +82,17 @@ class GradeContext:
     task: TaskRequest | None = None  # the full task when the pipeline grades
     get_runtime: Callable[[str], Any] | None = None  # the runtime factory by backend (a test seam)
     scratch_dir: Path | None = None  # where logs go without a session dir (made on first use)
+    # the gateway's session client when the pipeline grades (`create_session`, `calls`): a judge
+    # model's own session (rubric.py); graders never import the pipeline for it (.importlinter)
+    gateway: Any = None
 
     @classmethod
-    def for_session(cls, session: SessionRecord, task: TaskRequest, session_dir: Path) -> GradeContext:
+    def for_session(cls, session: SessionRecord, task: TaskRequest, session_dir: Path,
+                    gateway: Any = None) -> GradeContext:
         """The context the postrun stage grades a session in."""
         return cls(session_id=session.session_id, task_id=session.task_id, runtime=session.runtime,
-                   runtime_spec=task.runtime, session_dir=Path(session_dir), session=session, task=task)
+                   runtime_spec=task.runtime, session_dir=Path(session_dir), session=session, task=task,
+                   gateway=gateway)
 
     def with_budget(self, seconds: float) -> GradeContext:
         """A copy whose deadline is `seconds` from now."""

@@ -141,11 +141,9 @@ class RubricGrader(Grader):
             return grade
 
     def _judge(self, trajectory: Trajectory, context: GradeContext, audit: dict[str, Any]) -> Grade:
-        from polar_mq.settings import PipelineSettings
-        from polar_mq.tasks.app.context import GatewayClient
-
-        settings = PipelineSettings.from_env()
-        gateway = GatewayClient(settings.gateway_url, settings.gateway_token)
+        gateway = context.gateway
+        if gateway is None:
+            raise InfraError("no gateway to reach a judge through (the pipeline grades with one)")
         task = context.task
         model = self.judge_model or (task.agent.model if task is not None else "policy")
         judge_sid = f"{context.session_id}.judge"

@@ -28,7 +28,7 @@ from polar_mq.merge.records import Call
 from polar_mq.merge.roles import MAIN, SUBAGENT, Conversation, label_roles
 
 ORIGINS = ("root", "sub_agent", "compaction", "summary", "retry", "fork", "edit")
-REWARD_SCOPES = ("session", "split", "root")
+from polar_mq.taskspec import REWARD_SCOPES  # noqa: E402,F401  (one list: the submit check reads it too)
 
 
 @dataclass

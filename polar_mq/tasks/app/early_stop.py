@@ -18,9 +18,7 @@ from polar_mq import states
 from polar_mq.model import SessionRecord, Trajectory
 
 if TYPE_CHECKING:
-    from polar_mq.tasks.app.context import StageContext
     from polar_mq.store.pipeline import PipelineStore
-    from polar_mq.taskspec import TaskRequest
 
 EARLY_STOP = b"early_stop"  # the cancel flag's value when early stop (not a user) set it
 CANCELLED = "cancelled"  # the error DELETE gives a cancelled session
@@ -38,27 +36,6 @@ def usable(records: Iterable[SessionRecord]) -> int:
 
 def is_early_stop(store: PipelineStore, task_id: str) -> bool:
     return store.r.get(store.keys.task_cancelled(task_id)) == EARLY_STOP
-
-
-def after_graded(ctx: StageContext, task: TaskRequest, rec: SessionRecord) -> bool:
-    """Called once a session's grade is stored and its state terminal: if the task now has enough
-    usable sessions, stop the rest. True when this call stopped them (once per task)."""
-    n = task.early_stop_min_usable_sessions
-    if not n or rec.state == states.ERROR:
-        return False
-    store = ctx.store
-    records = store.get_sessions(store.session_ids(task.task_id))
-    if usable(records) < n or all(states.is_terminal(r.state) for r in records):
-        return False
-    if not store.r.set(store.keys.task_cancelled(task.task_id), EARLY_STOP, nx=True):
-        return False  # already stopped, or cancelled by a user
-    # As DELETE does: queued sessions end now; the stages stop the others on the cancel flag.
-    from polar_mq.tasks.app.endings import finish_early
-
-    for other in records:
-        if other.state == states.REGISTERED:
-            finish_early(ctx, other, task, states.ERROR, CANCELLED, expect={states.REGISTERED})
-    return True
 
 
 def label(store: PipelineStore, traj: Trajectory, error: str | None) -> None:

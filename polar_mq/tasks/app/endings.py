@@ -52,3 +52,22 @@ def send_callbacks(ctx: StageContext, task: TaskRequest, rec: SessionRecord, tra
         ctx.enqueue(CALLBACK_TASK, callback_message(task.callback_url, "task.finished", task.task_id, {
             "event": "task.finished", "task_id": task.task_id,
             "sessions": [session_summary(s) for s in sessions]}))
+
+
+def stop_early(ctx: StageContext, task: TaskRequest, rec: SessionRecord) -> bool:
+    """Called once a session's grade is stored and its state terminal: if the task now has enough
+    usable sessions, stop the rest. True when this call stopped them (once per task)."""
+    n = task.early_stop_min_usable_sessions
+    if not n or rec.state == states.ERROR:
+        return False
+    store = ctx.store
+    records = store.get_sessions(store.session_ids(task.task_id))
+    if early_stop.usable(records) < n or all(states.is_terminal(r.state) for r in records):
+        return False
+    if not store.r.set(store.keys.task_cancelled(task.task_id), early_stop.EARLY_STOP, nx=True):
+        return False  # already stopped, or cancelled by a user
+    # As DELETE does: queued sessions end now; the stages stop the others on the cancel flag.
+    for other in records:
+        if other.state == states.REGISTERED:
+            finish_early(ctx, other, task, states.ERROR, early_stop.CANCELLED, expect={states.REGISTERED})
+    return True

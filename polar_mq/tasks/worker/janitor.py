@@ -20,8 +20,7 @@ from polar_mq.tasks.app import causes
 from polar_mq.model import SessionRecord
 from polar_mq.tasks.app.routing import INIT_TASK, POSTRUN_TASK, RUN_TASK
 from polar_mq.tasks.app.context import StageContext
-from polar_mq.tasks.worker.leftovers import tear_down_leftovers
-from polar_mq.tasks.worker.recovery import reinitialise, resend_missing_messages, restore_held_messages, runtime_lost
+from polar_mq.tasks.worker.recovery import reinitialise, resend_missing_messages, runtime_lost
 
 log = logging.getLogger("polar_mq.janitor")
 
@@ -107,75 +106,6 @@ def give_up(ctx: StageContext, rec: SessionRecord) -> None:
             ctx.enqueue(POSTRUN_TASK, rec.session_id)
     else:
         ctx.store.transition(rec.session_id, states.ERROR, expect={rec.state}, error=error)
-
-
-def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> threading.Thread:
-    stop = stop or threading.Event()
-    interval = ctx.settings.janitor_interval
-
-    from polar_mq.tasks.worker.host_loss import STALL, HostWatch, check_interval
-
-    hosts = HostWatch(ctx)
-    every = min(interval, check_interval(ctx.settings.host_loss_seconds))
-    next_sweep = time.monotonic() + interval
-
-    def loop() -> None:
-        nonlocal next_sweep
-        while not stop.wait(every):
-            try:  # once a second: a node that stopped beating (host_loss.py)
-                asked = time.monotonic()
-                mine = ctx.store.r.set(ctx.store.keys.janitor_lock() + ":hosts", ctx.node, nx=True,
-                                       px=int(every * 1000))
-                if time.monotonic() - asked > STALL:
-                    hosts.failed()
-                elif mine:
-                    hosts.tick()
-            except Exception:
-                hosts.failed()
-                log.warning("host watch failed", exc_info=True)
-            if time.monotonic() < next_sweep:
-                continue
-            next_sweep = time.monotonic() + interval
-            try:
-                if ctx.store.r.set(ctx.store.keys.janitor_lock(), ctx.node, nx=True, px=int(interval * 1000)):
-                    sweep(ctx)
-                    restore_held_messages(ctx)
-                    from polar_mq.runtimes.docker import maybe_sweep  # orphaned session containers
-
-                    reaped = maybe_sweep(ctx.store)
-                    if reaped:  # reported: polar_mq_orphaned_runtimes_reaped_total in /metrics
-                        ctx.store.incr("orphaned_runtimes_reaped", len(reaped))
-            except Exception:
-                log.exception("janitor sweep failed")
-
-    thread = threading.Thread(target=loop, name="polar-janitor", daemon=True)
-    thread.start()
-    return thread
-
-
-def start_node_beat(ctx: StageContext, pool_id: str, info: dict, stop: threading.Event | None = None
-                    ) -> threading.Thread:
-    """Tell the cluster this node (and this pool on it) is alive: the sessions of a node that stops
-    beating move on elsewhere within host_loss_seconds (host_loss.py)."""
-    from polar_mq.tasks.worker.host_loss import beat_interval, node_timeout
-
-    stop = stop or threading.Event()
-    ttl = node_timeout(ctx.settings.host_loss_seconds)
-
-    def loop() -> None:
-        while True:
-            try:
-                ctx.store.beat_node(ctx.settings.node, pool_id, info, ttl)
-                tear_down_leftovers(ctx.store, ctx.settings.node)  # runtimes a partition left here
-            except Exception:
-                log.debug("node beat failed", exc_info=True)
-            if stop.wait(min(ctx.settings.janitor_interval, ctx.settings.lease_ttl / 3,
-                             beat_interval(ctx.settings.host_loss_seconds))):
-                return
-
-    thread = threading.Thread(target=loop, name="polar-node-beat", daemon=True)
-    thread.start()
-    return thread
 
 
 def reap_orphans(ctx: StageContext) -> int:

@@ -19,7 +19,8 @@ from polar_mq.tasks.worker import stages
 from polar_mq.tasks.app.celery import make_celery
 from polar_mq.tasks.app.context import GatewayClient, StageContext
 from polar_mq.tasks.app.publish import sender
-from polar_mq.tasks.worker.janitor import start_janitor, start_node_beat, start_orphan_reaper
+from polar_mq.tasks.worker.housekeeping import start_janitor, start_node_beat
+from polar_mq.tasks.worker.janitor import start_orphan_reaper
 from polar_mq.tasks.app.routing import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_enqueue
 
 log = logging.getLogger("polar_mq.worker")

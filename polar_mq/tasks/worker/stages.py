@@ -34,7 +34,7 @@ from polar_mq.tasks.worker.cancel_watch import CancelWatch
 from polar_mq.tasks.app.priority import try_acquire_slot
 from polar_mq.tasks.app.routing import POSTRUN_TASK, RUN_TASK
 from polar_mq.tasks.app.context import StageContext
-from polar_mq.tasks.app.endings import finish_early, send_callbacks
+from polar_mq.tasks.app.endings import finish_early, send_callbacks, stop_early
 from polar_mq.tasks.worker.fencing import FencedStore
 from polar_mq.tasks.worker.janitor import pending_key
 from polar_mq.tasks.worker.lease import Lease
@@ -333,7 +333,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     # The grader runs before teardown (it may use the session's runtime) under its own budget
     # (grader.config.timeout_seconds); it never raises: errors come back as Grade.status "error".
     grade = run_grading(task.grader.strategy, task.grader.config, traj,
-                        GradeContext.for_session(rec, task, session_dir(ctx, rec)))
+                        GradeContext.for_session(rec, task, session_dir(ctx, rec), gateway=ctx.gateway))
     traj.reward = grade.reward
     traj.metadata["grade"] = grade.to_dict()
     if grade.status == "error":  # infrastructure, not the agent: trainers mask it
@@ -367,7 +367,7 @@ def postrun_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, le
     if moved is None:
         return "skipped"
     rec = moved
-    early_stop.after_graded(ctx, task, rec)  # enough usable sessions: stop the task's others
+    stop_early(ctx, task, rec)  # enough usable sessions: stop the task's others
     send_callbacks(ctx, task, rec, traj)
     return outcome.lower()
 
