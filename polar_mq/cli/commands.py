@@ -7,8 +7,8 @@ import logging
 import sys
 from typing import Callable
 
-from polar_mq.cli.common import (STAGE_CONCURRENCY, STAGES, redact_url, redis_credentials_ok,  # noqa: F401
-                                 service_token, worker_defaults)
+from polar_mq.cli.common import (STAGES, STAGE_CONCURRENCY, redact_url, redis_credentials_ok, service_token,  # noqa: F401
+                                 worker_defaults)
 
 
 def _gateway(args: argparse.Namespace) -> int:

@@ -51,8 +51,9 @@ from typing import Any
 
 from polar_mq.model import Trajectory
 from polar_mq.graders.base import Grade, GradeContext, Grader, InfraError
-from polar_mq.graders.workspace import (GRADE_DIR, TEST_CONFIG, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
-                        guard_patch, patch_files, restore_dirs, restore_paths, session_workspace)
+from polar_mq.graders.workspace import (GRADE_DIR, TEST_CONFIG, apply_patch, cleanup_scratch, extract_diff,
+                                        fresh_workspace, guard_patch, patch_files, restore_dirs, restore_paths,
+                                        session_workspace)
 
 SWEBENCH_VERSION = "5.0.2"
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"

@@ -30,8 +30,8 @@ from typing import Any
 from polar_mq.model import Trajectory
 from polar_mq.graders import parsing
 from polar_mq.graders.base import Grade, GradeContext, Grader, InfraError
-from polar_mq.graders.workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace, guard_patch,
-                        restore_dirs, restore_paths, session_workspace)
+from polar_mq.graders.workspace import (Workspace, apply_patch, cleanup_scratch, extract_diff, fresh_workspace,
+                                        guard_patch, restore_dirs, restore_paths, session_workspace)
 
 _KEYS = {"command", "repo_dir", "format", "junit_xml", "reward", "expected", "env", "timeout", "fresh",
          "test_files", "base_commit", "repo_source", "rerun_prepare", "keep_fresh", "exclude", "git", "patch",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, CliLaunch, HarnessPackage, PathLike, check_api, home_env,
-                   strip_slash, write_json)
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, CliLaunch, HarnessPackage, PathLike, check_api,
+                                     harness_class, home_env, strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("claude_code", "@anthropic-ai/claude-code", "2.1.197", "claude")

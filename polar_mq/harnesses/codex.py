@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (harness_class, DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliLaunch, HarnessPackage, PathLike,
-                   check_api, home_env, openai_v1)
+from polar_mq.harnesses.base import (DEFAULT_LIMITS, OPENAI_RESPONSES, PROVIDER_NAME, CliLaunch, HarnessPackage,
+                                     PathLike, check_api, harness_class, home_env, openai_v1)
 from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("codex", "@openai/codex", "0.171.0", "codex")

@@ -26,8 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from polar_mq.harnesses.npm import (  # noqa: F401  (InstallError, npm_available: this module's interface)
-    HarnessPackage, InstallError, default_cache_dir, install_package, npm_available)
+from polar_mq.harnesses.npm import (HarnessPackage, InstallError, default_cache_dir, install_package, npm_available)
 from polar_mq.harnesses.npm import resolve_bin as npm_resolve_bin
 from polar_mq.harnesses.registry import packages
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (harness_class, ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
-                   CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash,
-                   write_json)
+from polar_mq.harnesses.base import (ALL_APIS, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES,
+                                     PROVIDER_NAME, CliLaunch, HarnessPackage, PathLike, check_api, harness_class,
+                                     home_env, openai_v1, strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("opencode", "opencode-ai", "1.18.33", "opencode")

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
-                   CliLaunch, HarnessPackage, PathLike, check_api, home_env, openai_v1, strip_slash, write_json)
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, PROVIDER_NAME,
+                                     CliLaunch, HarnessPackage, PathLike, check_api, harness_class, home_env, openai_v1,
+                                     strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("pi", "@mariozechner/pi-coding-agent", "0.73.1", "pi")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from polar_mq.harnesses.base import (harness_class, ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliLaunch, HarnessPackage, PathLike,
-                   check_api, home_env, openai_v1, strip_slash, write_json)
+from polar_mq.harnesses.base import (ANTHROPIC, DEFAULT_LIMITS, GEMINI, OPENAI_CHAT, CliLaunch, HarnessPackage,
+                                     PathLike, check_api, harness_class, home_env, openai_v1, strip_slash, write_json)
 from polar_mq.harnesses.limits import ModelLimits
 
 PACKAGE = HarnessPackage("qwen_code", "@qwen-code/qwen-code", "0.15.10", "qwen")

@@ -9,8 +9,7 @@ import types
 import msgpack
 import pytest
 
-from polar_mq.merge import (PerRequestBuilder, PrefixMergingBuilder, available_builders, build,
-                            get_builder)
+from polar_mq.merge import (PerRequestBuilder, PrefixMergingBuilder, available_builders, build, get_builder)
 from polar_mq.merge.config import parse_config
 from polar_mq.merge.trie import PrefixTrie, common_prefix_len
 from polar_mq.model import CaptureRecord, Trace, Trajectory

@@ -44,8 +44,7 @@ def _load(name: str, path: Path):
 
 vllm_cpu = _load("polar_vllm_cpu", ROOT / "scripts" / "vllm_cpu.py")
 # The shared helpers, re-exported for the tests of this directory.
-from tests.support.servers import (GatewayHandle, free_port, spawn, start_gateway,  # noqa: E402,F401
-                                   start_model_server, stop)
+from tests.support.servers import (GatewayHandle, free_port, spawn, start_gateway, start_model_server, stop)
 
 SERVED = vllm_cpu.SERVED_NAME
 TIMINGS: dict[str, float] = {}

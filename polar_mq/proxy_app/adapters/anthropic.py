@@ -21,11 +21,12 @@ import re
 import uuid
 from typing import Any, Iterator
 
-from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, dump_arguments,
-                   invalid, optional, parse_arguments, replayed, require, sse)
+from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator,
+                                              dump_arguments, invalid, optional, parse_arguments, replayed, require,
+                                              sse)
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
-from polar_mq.proxy_app.adapters.base import (error_in_stream as error_in_stream, stream_content_type as stream_content_type,
-                   stream_ping as stream_ping)
+from polar_mq.proxy_app.adapters.base import (error_in_stream as error_in_stream,
+                                              stream_content_type as stream_content_type, stream_ping as stream_ping)
 from polar_mq.proxy_app.shared_values import SHARED
 from polar_mq.proxy_app.adapters.reasoning import decode_reasoning, encode_reasoning
 

@@ -33,8 +33,8 @@ import json
 import re
 from typing import Any, Callable, Iterator
 
-from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, checked,
-                   dump_arguments, invalid, parse_arguments, replayed, sse)
+from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator,
+                                              checked, dump_arguments, invalid, parse_arguments, replayed, sse)
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
 from polar_mq.proxy_app.adapters.base import error_in_stream as error_in_stream
 from polar_mq.proxy_app.shared_values import SHARED

@@ -11,11 +11,12 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator, invalid, optional,
-                   replayed, require, sse)
+from polar_mq.proxy_app.adapters.base import (ChatRequest, ChatResult, GatewayError, StreamEvent, StreamTranslator,
+                                              invalid, optional, replayed, require, sse)
 # The protocol defaults this adapter keeps (base.Adapter), re-exported as its own hooks.
-from polar_mq.proxy_app.adapters.base import (count_request_body as count_request_body, error_in_stream as error_in_stream,
-                   stream_content_type as stream_content_type, stream_ping as stream_ping)
+from polar_mq.proxy_app.adapters.base import (count_request_body as count_request_body,
+                                              error_in_stream as error_in_stream,
+                                              stream_content_type as stream_content_type, stream_ping as stream_ping)
 from polar_mq.proxy_app.shared_values import SHARED
 from polar_mq.proxy_app.adapters.openai_errors import error_object
 from polar_mq.proxy_app.adapters.openai_errors import error_response as error_response

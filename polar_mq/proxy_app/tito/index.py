@@ -33,8 +33,8 @@ from polar_mq.store import codec as record_codec
 from polar_mq._io.locks import short_lock
 from polar_mq.model import CaptureRecord
 from polar_mq.store.core import GatewayStore
-from polar_mq.proxy_app.tito.matching import (SYSTEM_ROLES, Match, find_parent, matches_reply, message_key, reply_signature,
-                       same_reply, tools_key, unusable)
+from polar_mq.proxy_app.tito.matching import (SYSTEM_ROLES, Match, find_parent, matches_reply, message_key,
+                                              reply_signature, same_reply, tools_key, unusable)
 
 HEAD = 8  # message digests kept from the start of each recorded history
 DIGEST = 16

@@ -28,9 +28,9 @@ from polar_mq.proxy_app.upstream.transports import (LeanTransport, ReadTimeout, 
                                                     Transport, UpstreamTimeout, UpstreamUnreachable, transport_for)
 from polar_mq.proxy_app.adapters.base import ChatResult, GatewayError
 # The wire codec (pure) lives in vllm_wire.py; these names stay importable from here.
-from polar_mq.proxy_app.upstream.vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator, _prompt_ids,  # noqa: F401
-                        chunk_error, load_answer, map_client_error, normalise_message,
-                        parse_chat_response)
+from polar_mq.proxy_app.upstream.vllm_wire import (CHAT_PATH, COMPLETIONS_PATH, SseParser, StreamAccumulator,  # noqa: F401
+                                                   _prompt_ids, chunk_error, load_answer, map_client_error,
+                                                   normalise_message, parse_chat_response)
 
 log = logging.getLogger("polar_mq.upstream")
 

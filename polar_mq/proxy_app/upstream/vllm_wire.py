@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from polar_mq._io.token_ids import TokenIds, as_ids
 from polar_mq.proxy_app.fastjson import CUT, loads_cut
-from polar_mq.proxy_app.adapters.base import (START, TEXT, REASONING, TOOL_ARGS, TOOL_START, ChatResult, GatewayError,
-                            StreamEvent)
+from polar_mq.proxy_app.adapters.base import (REASONING, START, TEXT, TOOL_ARGS, TOOL_START, ChatResult, GatewayError,
+                                              StreamEvent)
 
 _MAX_LEN_RE = re.compile(r"maximum context length is (\d+)")
 # vLLM has worded the prompt size several ways across versions.
