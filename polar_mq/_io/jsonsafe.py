@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+from types import ModuleType
 from typing import Any
+
+_orjson: ModuleType | None
+try:
+    import orjson as _orjson
+except ImportError:  # the vLLM venv (scripts/build_tiny_model.py imports the adapters there)
+    _orjson = None
 
 MAX_DEPTH = 64  # real requests nest < 20 levels (tool schemas included); msgpack stops at 512
 MAX_NODES = 2_000_000  # YAML aliases can make a small document a huge tree
@@ -115,3 +122,17 @@ def sanitize(value: Any, *, max_depth: int = MAX_DEPTH, _depth: int = 0) -> Any:
             return {sanitize(str(k)): sanitize(v, max_depth=max_depth, _depth=_depth + 1) for k, v in value.items()}
         return [sanitize(v, max_depth=max_depth, _depth=_depth + 1) for v in value]
     return repr(value)[:2000]
+
+
+def dumps(value: Any) -> bytes:
+    """The one JSON writer of the gateway's replies and frames: compact UTF-8, key order kept (tool
+    arguments render into prompts); orjson where it can, the stdlib for what orjson refuses (a
+    >64-bit int, a non-str key) or where it is absent (tests/adapters/test_adapters_without_orjson.py,
+    tests/gateway/test_fastjson.py)."""
+    if _orjson is not None:
+        try:
+            out: bytes = _orjson.dumps(value)
+            return out
+        except TypeError:
+            pass
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()

@@ -90,7 +90,7 @@ def dumps(value: Any) -> bytes:
         if tools is not None and SHARED.is_shared(tools) and next(reversed(value)) == "tools":
             rest = orjson.dumps({k: v for k, v in value.items() if k != "tools"})
             return b"".join((rest[:-1], b',"tools":', SHARED.derive(tools, "json", orjson.dumps), b"}"))
-    return orjson.dumps(value)
+    return jsonsafe.dumps(value)
 
 
 # A per-process random string that stands in for bytes cut out of a body before parsing: it

@@ -17,15 +17,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, TypeVar, Union, overload
 
-orjson: ModuleType | None
-try:
-    import orjson
-except ImportError:  # scripts/build_tiny_model.py imports the adapters in the vLLM venv, without
-    orjson = None  # the project's dependencies: sse() then writes with the stdlib
-
+from polar_mq._io import jsonsafe
 
 # Error kinds and the HTTP status they carry unless a provider says otherwise.
 ERROR_STATUS = {
@@ -209,18 +203,9 @@ class StreamTranslator:
 
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent-event frame. `data` is JSON-encoded unless it is already a string: with
-    orjson (compact UTF-8, as json.dumps(ensure_ascii=False) writes it; json.dumps is a large
-    share of the gateway's CPU per streamed token), the stdlib for what orjson refuses
-    (tests/adapters/test_adapters_without_orjson.py)."""
-    if isinstance(data, str):
-        payload = data.encode()
-    else:
-        try:
-            if orjson is None:
-                raise TypeError("orjson is not installed")
-            payload = orjson.dumps(data)
-        except TypeError:
-            payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    the one JSON writer (`jsonsafe.dumps`: orjson, the stdlib where orjson refuses or is absent;
+    tests/adapters/test_adapters_without_orjson.py)."""
+    payload = data.encode() if isinstance(data, str) else jsonsafe.dumps(data)
     return (b"event: " + event.encode() + b"\ndata: " if event else b"data: ") + payload + b"\n\n"
 
 

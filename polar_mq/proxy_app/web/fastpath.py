@@ -15,15 +15,13 @@ tests/gateway/test_early_admission.py.
 
 from __future__ import annotations
 
-import json
 import logging
 from http import HTTPStatus
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import parse_qsl
 
-import orjson
-
 from polar_mq.auth import redact
+from polar_mq._io import jsonsafe
 from polar_mq.proxy_app import fastjson
 from polar_mq.proxy_app.adapters.base import GatewayError
 from polar_mq.proxy_app.calls import client_socket
@@ -45,13 +43,6 @@ def _status(code: int) -> str:
         if len(_STATUS_LINES) < 1000:
             _STATUS_LINES[code] = line
     return line
-
-
-def _json(body: Any) -> bytes:
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # what orjson cannot write (a >64-bit int, a non-str key): the stdlib's way
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _int(value: str | None) -> int:
@@ -122,7 +113,7 @@ class FastPath:
             start_response("200 OK", [("Content-Type", reply.content_type), *reply.headers.items()])
             return reply.frames
         try:
-            data = _json(reply.body)
+            data = jsonsafe.dumps(reply.body)
             start_response(_status(reply.status), [("Content-Type", "application/json"),
                                                    ("Content-Length", str(len(data))), *reply.headers.items()])
         except BaseException:
