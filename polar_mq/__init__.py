@@ -16,6 +16,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+from typing import Any, Callable
 
 __version__ = "0.1.0"
 
@@ -144,3 +145,15 @@ def _moved_name(name: str) -> str | None:
 
 if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _AliasFinder())  # before PathFinder: one module object per moved name
+
+
+def _forward(package: str, module: str) -> Callable[[str], Any]:
+    """The module `__getattr__` of a package that took the place of a flat-layout module: its
+    names are found in `module` (`from polar_mq.store import Keys` finds store.core's)."""
+    def __getattr__(name: str) -> Any:
+        target = importlib.import_module(module)
+        try:
+            return getattr(target, name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+    return __getattr__

@@ -4,8 +4,9 @@ one machine), `demo`, the client commands (`submit`, `status`, `results`, ...), 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from polar_mq import _forward
 
 
 def main(argv: list[str] | None = None) -> Any:
@@ -15,9 +16,4 @@ def main(argv: list[str] | None = None) -> Any:
     return run(argv)
 
 
-def __getattr__(name: str) -> Any:
-    module = importlib.import_module("polar_mq.cli.commands")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'polar_mq.cli' has no attribute {name!r}") from None
+__getattr__ = _forward(__name__, "polar_mq.cli.commands")

@@ -4,14 +4,6 @@ retention. `from polar_mq.store import Keys, ...` keeps working: names resolve t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from polar_mq import _forward
 
-
-def __getattr__(name: str) -> Any:
-    module = importlib.import_module("polar_mq.store.core")
-
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'polar_mq.store' has no attribute {name!r}") from None
+__getattr__ = _forward(__name__, "polar_mq.store.core")

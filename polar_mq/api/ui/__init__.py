@@ -3,14 +3,6 @@ gateway session lookups it needs."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from polar_mq import _forward
 
-
-def __getattr__(name: str) -> Any:
-    module = importlib.import_module("polar_mq.api.ui.routes")
-
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'polar_mq.api.ui' has no attribute {name!r}") from None
+__getattr__ = _forward(__name__, "polar_mq.api.ui.routes")

@@ -3,14 +3,6 @@ fencing, the cancel watch and the worker entry point (`main`)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from polar_mq import _forward
 
-
-def __getattr__(name: str) -> Any:
-    module = importlib.import_module("polar_mq.tasks.worker.main")
-
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'polar_mq.tasks.worker' has no attribute {name!r}") from None
+__getattr__ = _forward(__name__, "polar_mq.tasks.worker.main")
