@@ -197,9 +197,16 @@ def test_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared
     last = capsys.readouterr().out.strip().splitlines()[-1]
     res = json.loads((out / "ablation.json").read_text())
     assert last == res["line"] and last.startswith("ablation: per_request ")
-    for builder, per_session in (("per_request", 3), ("prefix_merging", 1)):
+    for builder in ("per_request", "prefix_merging"):
         rows = [json.loads(x) for x in (out / builder / "metrics.jsonl").read_text().splitlines()]
         assert all(r["errors"] == 0 and r["calls"] == 3 * r["sessions"] for r in rows), rows
-        assert all(r["sequences"] == per_session * GROUP * r["groups_trained"] for r in rows), rows
+        for r in rows:
+            n = GROUP * r["groups_trained"]  # sessions trained on
+            if builder == "per_request":
+                assert r["sequences"] == 3 * n, r
+            else:
+                # one trace per session, except where a re-sent history did not re-tokenize to the
+                # sampled ids (seen: 34 traces for 32 sessions in one step; docs/rl.md)
+                assert n <= r["sequences"] < 1.5 * n, r
     assert "| per_request |" in (out / "ablation.md").read_text()
     assert (out / "ablation.png").stat().st_size > 10_000
