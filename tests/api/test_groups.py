@@ -10,19 +10,14 @@ import pytest
 import requests
 
 from tests.support.servers import AUTH, stop
-from tests.support.pipeline import make_pipeline
+from tests.support.pipeline import running_pipeline
 from polar_mq.client import ApiError, Client
 from tests.api.test_api import start_api
 
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("groups"))
-    p.start_worker("init", 2)
-    p.start_worker("run", 2)
-    p.start_worker("postrun", 1)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "groups", init=2, run=2, postrun=1)
 
 
 @pytest.fixture(scope="module")

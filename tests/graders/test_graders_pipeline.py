@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.grading import FAIL_TO_PASS, instance, make_repo
-from tests.support.pipeline import TINY_AGENT, agent_task, make_pipeline
+from tests.support.pipeline import TINY_AGENT, agent_task, running_pipeline
 from polar_mq import states
 from polar_mq.graders.swebench import swebench_available
 
@@ -21,12 +21,7 @@ TESTS = f"{PY} -m pytest -rA -p no:cacheprovider tests"
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("graders-pipeline"))
-    p.start_worker("init", 2)
-    p.start_worker("run", 2)
-    p.start_worker("postrun", 2)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "graders-pipeline", init=2, run=2, postrun=2)
 
 
 @pytest.fixture(scope="module")

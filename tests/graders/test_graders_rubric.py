@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.support.servers import AUTH
-from tests.support.pipeline import agent_task, make_pipeline
+from tests.support.pipeline import agent_task, running_pipeline
 from polar_mq import states
 from polar_mq.graders.rubric import normalise_criteria, parse_answer
 
@@ -20,12 +20,7 @@ SCORES = {"scores": {"correct": 1, "style": 0.5}, "explanation": "wrote the file
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("rubric"))
-    p.start_worker("init", 1)
-    p.start_worker("run", 2)
-    p.start_worker("postrun", 2)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "rubric", init=1, run=2, postrun=2)
 
 
 def rubric_task(task_id: str, rubric: str, **config):

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.servers import stop
 from tests.support.docker_engine import start_engine
-from tests.support.pipeline import ROOT, TINY_AGENT, make_pipeline
+from tests.support.pipeline import ROOT, TINY_AGENT, running_pipeline
 from polar_mq import states
 from polar_mq.rl.datasets import harbor
 from polar_mq.graders.harbor import parse_reward
@@ -60,12 +60,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def pipeline(engine, gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("harbor"), **engine.env())
-    p.start_worker("init", 1)
-    p.start_worker("run", 2)
-    p.start_worker("postrun", 2)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "harbor", init=1, run=2, postrun=2, **engine.env())
 
 
 @pytest.fixture(scope="module")

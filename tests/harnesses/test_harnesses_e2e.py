@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.pipeline import agent_task, make_pipeline
+from tests.support.pipeline import agent_task, running_pipeline
 from polar_mq import states
 from polar_mq.harnesses import install
 from polar_mq.harnesses.limits import resolve
@@ -39,12 +39,7 @@ pytestmark = [pytest.mark.cli,
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("harness-e2e"))
-    p.start_worker("init", 1)
-    p.start_worker("run", 1)
-    p.start_worker("postrun", 1)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "harness-e2e", init=1, run=1, postrun=1)
 
 
 def cli_bin(name: str) -> str:

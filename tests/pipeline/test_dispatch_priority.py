@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.support.servers import stop
-from tests.support.pipeline import make_pipeline
+from tests.support.pipeline import running_pipeline
 from polar_mq import states
 from polar_mq.client import Client
 from polar_mq.cli.embedded_redis import start_embedded
@@ -22,13 +22,8 @@ LOW_TASKS, LOW_SAMPLES = 3, 20
 
 
 @pytest.fixture(scope="module")
-def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("priority"))  # READY capacity 2
-    p.start_worker("init", 1)
-    p.start_worker("run", 1)
-    p.start_worker("postrun", 1)
-    yield p
-    p.stop()
+def pipeline(gateway, tmp_path_factory):  # READY capacity 2
+    yield from running_pipeline(gateway, tmp_path_factory, "priority", init=1, run=1, postrun=1)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.support.servers import stop
-from tests.support.pipeline import TINY_AGENT, make_pipeline
+from tests.support.pipeline import TINY_AGENT, running_pipeline
 from polar_mq.client import ApiError, Client
 from tests.api.test_api import start_api
 
@@ -19,12 +19,8 @@ SLOW = 300  # seconds a straggler would take: far beyond what the test waits
 
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("early-stop"), POLAR_READY_CAPACITY="4")
-    p.start_worker("init", 2)
-    p.start_worker("run", 4)
-    p.start_worker("postrun", 1)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "early-stop", init=2, run=4, postrun=1,
+                                POLAR_READY_CAPACITY="4")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import yaml
 
 from tests.support.servers import ROOT, stop
 from tests.support.grading import FAIL_TO_PASS, PASS_TO_PASS, make_repo
-from tests.support.pipeline import make_pipeline
+from tests.support.pipeline import running_pipeline
 from polar_mq.client import Client
 from polar_mq.rl.datasets import TaskOptions
 from polar_mq.rl.datasets import build_tasks
@@ -126,12 +126,7 @@ def test_generic_rows_ids_and_selection(tmp_path):
 # --- the CLI against the real API and worker pools -----------------------------------------------
 @pytest.fixture(scope="module")
 def pipeline(gateway, tmp_path_factory):
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("datasets"))
-    p.start_worker("init", 2)
-    p.start_worker("run", 2)
-    p.start_worker("postrun", 1)
-    yield p
-    p.stop()
+    yield from running_pipeline(gateway, tmp_path_factory, "datasets", init=2, run=2, postrun=1)
 
 
 @pytest.fixture(scope="module")

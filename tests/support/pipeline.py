@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from polar_mq import states
 from polar_mq.store.pipeline import PipelineStore
@@ -114,3 +114,17 @@ def agent_task(**overrides: Any) -> dict[str, Any]:
             "runtime": {"backend": "local"}, "builder": {"strategy": "prefix_merging"}}
     body.update(overrides)
     return body
+
+
+def running_pipeline(gateway, tmp_path_factory, name: str, *, init: int = 2, run: int = 2, postrun: int = 1,
+                     **env: str) -> Iterator[Pipeline]:
+    """A test module's pipeline with its three pools started, stopped when the module is done: a
+    module fixture `yield from`s it."""
+    p = make_pipeline(gateway, tmp_path_factory.mktemp(name), **env)
+    p.start_worker("init", init)
+    p.start_worker("run", run)
+    p.start_worker("postrun", postrun)
+    try:
+        yield p
+    finally:
+        p.stop()
