@@ -695,14 +695,6 @@ def test_sdk_count_tokens_and_errors(loopback):
 # integration through the real gateway (fixtures from tests/conftest.py)
 # ---------------------------------------------------------------------------------------------
 
-def _gateway_fixtures_exist() -> bool:
-    import pathlib
-    conftest = pathlib.Path(__file__).with_name("conftest.py")
-    return conftest.exists() and "def gateway" in conftest.read_text()
-
-
-integration = pytest.mark.skipif(not _gateway_fixtures_exist(), reason="gateway fixtures not present")
-
 
 def _client(session: dict, version: str) -> genai.Client:
     return genai.Client(api_key=session["key"], http_options=types.HttpOptions(
@@ -746,7 +738,6 @@ def _check_record(record: dict, gateway: Any, *, model: str, stream: bool,
     assert data["choices"][0]["token_ids"] == record["completion_token_ids"]
 
 
-@integration
 @pytest.mark.parametrize("version", ["v1beta", "v1"])
 def test_gateway_generate_stream_and_records(gateway, version):
     session = gateway.new_session()
@@ -765,7 +756,6 @@ def test_gateway_generate_stream_and_records(gateway, version):
     _check_record(calls[1], gateway, model="gemini-polar", stream=True)
 
 
-@integration
 @pytest.mark.parametrize("version", ["v1beta", "v1"])
 def test_gateway_function_calling_round_trip(gateway, version):
     session = gateway.new_session()
@@ -789,7 +779,6 @@ def test_gateway_function_calling_round_trip(gateway, version):
         _check_record(record, gateway, model="gemini-polar", stream=False, tools=WRITE_TOOLS)
 
 
-@integration
 def test_gateway_thought_round_trip(gateway):
     session = gateway.new_session()
     client = _client(session, "v1beta")
@@ -813,7 +802,6 @@ def test_gateway_thought_round_trip(gateway):
     assert calls[1]["prompt_token_ids"][:len(calls[0]["prompt_token_ids"])] == calls[0]["prompt_token_ids"]
 
 
-@integration
 @pytest.mark.parametrize("version", ["v1beta", "v1"])
 def test_gateway_count_tokens_records_nothing(gateway, version):
     session = gateway.new_session()
@@ -823,7 +811,6 @@ def test_gateway_count_tokens_records_nothing(gateway, version):
     assert gateway.calls(session["session_id"]) == []
 
 
-@integration
 def test_gateway_gemini_cli_shaped_sse_request(gateway):
     session = gateway.new_session()
     url = f"{session['base_urls']['gemini']}/v1beta/models/gemini-polar:streamGenerateContent?alt=sse"
@@ -843,7 +830,6 @@ def test_gateway_gemini_cli_shaped_sse_request(gateway):
     assert records[0]["tools"][0]["function"]["parameters"]["required"] == ["file_path", "content"]
 
 
-@integration
 def test_gateway_unknown_key_is_401_in_gemini_shape(gateway):
     session = gateway.new_session()
     bad = dict(session, key="not-a-key")
@@ -859,7 +845,6 @@ def test_gateway_unknown_key_is_401_in_gemini_shape(gateway):
     assert gateway.calls(session["session_id"]) == []
 
 
-@integration
 def test_gateway_stream_without_alt_sse_is_a_json_array(gateway):
     session = gateway.new_session()
     url = f"{session['base_urls']['gemini']}/v1beta/models/gemini-polar:streamGenerateContent"
@@ -873,7 +858,6 @@ def test_gateway_stream_without_alt_sse_is_a_json_array(gateway):
     assert frames[-1]["candidates"][0]["finishReason"] == "STOP"
 
 
-@integration
 def test_gateway_bad_request_and_context_overflow_in_gemini_shape(gateway):
     session = gateway.new_session()
     client = _client(session, "v1beta")
@@ -897,7 +881,6 @@ def test_gateway_bad_request_and_context_overflow_in_gemini_shape(gateway):
         assert int(match.group(1)) > int(match.group(2)) == limit
 
 
-@integration
 def test_gateway_slow_stream_survives_keepalives(gateway):
     """An upstream slower than the gateway's first-byte wait: keep-alive bytes go out before the
     frames, and google-genai must still read the stream."""

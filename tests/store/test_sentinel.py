@@ -57,7 +57,7 @@ def _run_failover(gateway_upstream: str, log_dir: Path, tmp_path: Path, sessions
         p.start_worker("init", 2)
         p.start_worker("run", sessions)
         p.start_worker("postrun", 2)
-        _, sids = p.submit(agent_task(num_samples=sessions,
+        _, sids = p.submit(agent_task(num_samples=sessions, timeout_seconds=180,  # a failover on a busy host
                                       agent={"harness": "shell", "options": {"command": SLOW_AGENT}}))
         deadline = time.time() + 60
         while time.time() < deadline:
