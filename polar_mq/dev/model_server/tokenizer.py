@@ -31,8 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polar_mq.proxy_app.tito.chat_template import compile_template as _compile_template
-from polar_mq.proxy_app.tito.chat_template import prepare_message as _prepare_message
+from polar_mq._io.chat_template import compile_template as _compile_template
+from polar_mq._io.chat_template import prepare_message as _prepare_message
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",

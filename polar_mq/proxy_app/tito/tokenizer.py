@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polar_mq.proxy_app.tito.chat_template import compile_template, prepare_message
+from polar_mq._io.chat_template import compile_template, prepare_message
 
 
 class TokenizerError(Exception):
