@@ -544,4 +544,4 @@ class RecordWrite:
     @property
     def in_flight(self) -> bool:
         """Whether Redis's answer is still to be read (a redis-py pipeline has read it)."""
-        return self._sent is not None
+        return self._sent is not None and not self._sent.answered

@@ -211,6 +211,7 @@ class Sent:
     connection and its slot stay taken."""
 
     _waited = False  # the last command sent is a WAIT (replicated.py): its reply is not the caller's
+    answered = False  # the replies are on the connection, to be read
 
     def __init__(self, wire: RedisWire, conn: Any, replies: int):
         self._wire, self._conn, self._n = wire, conn, replies
@@ -235,6 +236,8 @@ class Sent:
 
 
 class Replies(Protocol):
+    answered: bool  # the replies are read already (replies() returns at once)
+
     def replies(self) -> list[Any]: ...
 
 
@@ -257,6 +260,7 @@ class Answered:
     """Replies already read (PipelineWire answers at once)."""
 
     __slots__ = ("_replies",)
+    answered = True
 
     def __init__(self, replies: list[Any]):
         self._replies = replies
