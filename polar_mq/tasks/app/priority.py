@@ -4,8 +4,8 @@ Two places decide what starts next, and both follow the task's priority:
 - The stage queues. Each priority level is a list of its own next to the queue's list (kombu's
   Redis layout, `queue\\x06\\x16<level>`), and the workers' BRPOP names the lists highest level
   first (broker.Channel), so an init or run message of a higher task is taken before any lower
-  one already queued. Level 0 is the queue's own list: tasks without a priority are sent exactly
-  as before. `level()` buckets the integer into the 19 levels -9..9 (kombu's lists per queue).
+  one already queued. Level 0 is the queue's own list: a task without a priority goes where
+  every message goes (tests/pipeline/test_dispatch_priority.py). `level()` buckets the integer into the 19 levels -9..9 (kombu's lists per queue).
 - The READY buffer. Init workers waiting for a READY slot are registered with their priority;
   a slot goes to the highest one waiting (`try_acquire_slot`), so a high task prepared behind a
   full buffer does not queue behind lower sessions that were waiting longer.

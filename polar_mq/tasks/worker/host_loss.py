@@ -16,7 +16,7 @@ sessions is left waiting, the node's entry is dropped so the next tick does not 
 
 No verdict while the watcher itself could not see Redis for a while (a Redis outage or failover
 stops every beat at once): it waits `node_timeout` of Redis answering before it judges, by then live
-nodes have beaten again. A node that was only cut off self-fences as before (lease.py: its holders
+nodes have beaten again. A node that was only cut off self-fences (lease.py: its holders
 stop once renewals fail for SELF_FENCE × lease TTL); its writes are refused from the fence on.
 tests/pipeline/test_host_loss.py measures the time from kill -9 of a host to its sessions moving on.
 """
