@@ -84,12 +84,17 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
             "calls": sum(int((t.get("stats") or {}).get("calls", 0)) for g in groups for t in g["trajectories"]),
             "staleness_max": max((state["version"] - g["policy_version"] for g in groups
                                   if isinstance(g.get("policy_version"), int)), default=None),
-            "ratio_max": 1.0, "clip_fraction": 0.0, "rollout_s": round(time.time() - t0, 2),
+            "ratio_max": None, "rollout_s": round(time.time() - t0, 2),
         }
         state["t_train"] = time.time()
         return result
 
-    def save_and_sync(m: Any, step: int) -> None:
+    iters = max(1, int(args.epochs))  # TRL's num_iterations: clipped passes over each generation batch
+
+    def save_and_sync(m: Any, global_step: int) -> None:
+        if global_step % iters:
+            return  # the batch's later passes reuse its samples; vLLM gets the weights once the batch is done
+        step = global_step // iters
         t1 = time.time()
         new_dir = out / "weights" / f"v{step}"
         m.save_pretrained(new_dir, safe_serialization=True)
@@ -97,6 +102,9 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
         t_save = time.time() - t1
         timing = sync(server, client, new_dir, step, method=args.sync)
         row = dict(state["pending"] or {})
+        passes = [h for h in trainer.state.log_history if "clip_ratio/region_mean" in h][-iters:]
+        row["clip_fraction"] = round(sum(float(h["clip_ratio/region_mean"]) for h in passes) / len(passes), 4) \
+            if passes else None
         row.update({"train_s": round(t1 - state.get("t_train", t1), 2), "save_s": round(t_save, 3),
                     "sync_s": round(timing.pause_s + timing.load_s + timing.resume_s, 3),
                     "sync_downtime_s": round(timing.downtime_s, 3), "wall_s": round(time.time() - state["t_step"], 2)})
@@ -108,9 +116,9 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
 
     group = args.group_size
     cfg = GRPOConfig(output_dir=str(out / "trl"), num_generations=group, per_device_train_batch_size=args.prompts * group,
-                     gradient_accumulation_steps=1, max_steps=args.steps, learning_rate=args.lr, use_cpu=True,
+                     gradient_accumulation_steps=1, max_steps=args.steps * iters, learning_rate=args.lr, use_cpu=True,
                      report_to=[], logging_steps=1, save_strategy="no", max_completion_length=64, bf16=False,
-                     seed=args.seed, dataloader_num_workers=0, beta=0.0, epsilon=args.clip, num_iterations=1,
+                     seed=args.seed, dataloader_num_workers=0, beta=0.0, epsilon=args.clip, num_iterations=iters,
                      shuffle_dataset=False, temperature=1.0)
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[polar_reward], args=cfg,
                           train_dataset=Dataset.from_list([{"prompt": r["instruction"]} for r in rows]),

@@ -183,6 +183,34 @@ def test_trl_steps_reach_vllm(tmp_path, monkeypatch, shared_vllm):
 @pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+def test_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
+    """--trainer trl learns, not only steps: TRL's GRPOTrainer with 4 clipped passes per batch
+    (``num_iterations`` = --epochs, as the polar trainer's epochs), 6 batches, the demo's lr; the
+    same criterion as the polar trainer's CI test (``report.learnt``; docs/rl.md, "TRL")."""
+    pytest.importorskip("trl")
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda *a, **k: False)
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
+    out, steps = tmp_path / "trl", 6
+    summary = grpo_run.run(grpo_run.parser().parse_args(
+        ["--harness", "shell", "--trainer", "trl", "--steps", str(steps), "--prompts", str(PROMPTS),
+         "--group-size", str(GROUP), "--seed", "0", "--lr", "2e-3", "--epochs", "4", "--out", str(out),
+         "--vllm-url", shared_vllm]))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == list(range(steps)), rows
+    assert all(r["errors"] == 0 and r["sessions"] == PROMPTS * GROUP for r in rows), rows
+    assert requests.get(f"{shared_vllm}/weight_info", timeout=10).json() == {"weight_version": str(steps)}
+    rewards = [r["mean_reward"] for r in rows]
+    print("grpo trl: " + summary["line"] + "; per step " + " ".join(f"{x:.3f}" for x in rewards))
+    verdict = learnt(rewards, PROMPTS * GROUP)
+    assert verdict["passed"], (rewards, verdict)
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared_vllm, capsys):
     """examples.grpo.ablation on the multi-turn task (3 calls per session), 2 steps per builder on the
     same seed: per_request trains on one sequence per model call, prefix_merging on one per session;
