@@ -123,6 +123,7 @@ class GatewaySettings:
     spool_dir: str | None = None  # where records go when Redis is down (never lost silently)
     check_token_ids: bool = True
     pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
+    alive_ttl: float = 5.0  # a process silent this long is dead: its calls end as gateway_lost
     stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
     tito: str = "auto"  # token-in continuation: auto | on | off (proxy_app/tito)
     tokenizer: str | None = None  # the served model's tokenizer directory (needed for tito)
@@ -154,6 +155,7 @@ class GatewaySettings:
             worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",
             worker_connections=int(env.get("POLAR_GATEWAY_CONNECTIONS") or 4096),
             lean_http=_env_on("POLAR_GATEWAY_LEAN_HTTP"),
+            alive_ttl=_env_float("POLAR_GATEWAY_ALIVE_TTL", 5.0),
         )
         for k, v in overrides.items():
             if v is not None:
