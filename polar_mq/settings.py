@@ -179,7 +179,10 @@ class PipelineSettings:
     gateway_redis_url: str | None = None
     api_token: str | None = None  # rollout API bearer token (POLAR_API_TOKEN)
     ready_capacity: int = 8  # READY buffer: sessions prepared but not yet running
-    lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
+    # A stage worker's lease, renewed every lease_ttl / 6; its holder self-fences after 0.6 ×
+    # lease_ttl without a renewal. 8 s: a dead host's sessions move on within host_loss_seconds
+    # (tasks/worker/host_loss.py bound; tests/pipeline/test_host_loss.py).
+    lease_ttl: float = 8.0
     visibility_timeout: float = 6 * 3600.0  # broker redelivery; leases + the janitor recover sooner
     janitor_interval: float = 5.0
     # A host whose beat stops: its sessions move on within this many seconds (tasks/host_loss.py).
