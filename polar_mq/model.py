@@ -95,6 +95,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
+# The error of a call whose gateway process died while it was in flight (store/lost_calls.py);
+# trajectories list such calls and the call that retried each (merge/lost.py).
+GATEWAY_LOST = "gateway_lost"
+
+
 @dataclass
 class CaptureRecord(Record):
     """One model call as the gateway saw it: what the client sent, what went upstream, what came

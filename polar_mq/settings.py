@@ -123,6 +123,7 @@ class GatewaySettings:
     spool_dir: str | None = None  # where records go when Redis is down (never lost silently)
     check_token_ids: bool = True
     pause_max_hold: float = 900.0  # a weight-sync pause never holds a generation longer than this
+    alive_ttl: float = 5.0  # a process silent this long is dead: its calls end as gateway_lost
     stream_passthrough: bool = True  # stream from the upstream; False: synthesise from one call
     tito: str = "auto"  # token-in continuation: auto | on | off (proxy_app/tito)
     tokenizer: str | None = None  # the served model's tokenizer directory (needed for tito)
@@ -154,6 +155,7 @@ class GatewaySettings:
             worker_class=env.get("POLAR_GATEWAY_WORKER") or "gevent",
             worker_connections=int(env.get("POLAR_GATEWAY_CONNECTIONS") or 4096),
             lean_http=_env_on("POLAR_GATEWAY_LEAN_HTTP"),
+            alive_ttl=_env_float("POLAR_GATEWAY_ALIVE_TTL", 5.0),
         )
         for k, v in overrides.items():
             if v is not None:
@@ -177,7 +179,10 @@ class PipelineSettings:
     gateway_redis_url: str | None = None
     api_token: str | None = None  # rollout API bearer token (POLAR_API_TOKEN)
     ready_capacity: int = 8  # READY buffer: sessions prepared but not yet running
-    lease_ttl: float = 15.0  # a stage worker's lease; renewed every lease_ttl / 3
+    # A stage worker's lease, renewed every lease_ttl / 6; its holder self-fences after 0.6 ×
+    # lease_ttl without a renewal. 8 s: a dead host's sessions move on within host_loss_seconds
+    # (tasks/worker/host_loss.py bound; tests/pipeline/test_host_loss.py).
+    lease_ttl: float = 8.0
     visibility_timeout: float = 6 * 3600.0  # broker redelivery; leases + the janitor recover sooner
     janitor_interval: float = 5.0
     # A host whose beat stops: its sessions move on within this many seconds (tasks/host_loss.py).

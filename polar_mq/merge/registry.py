@@ -11,6 +11,7 @@ from typing import Any
 
 from polar_mq.merge.base import BuildResult
 from polar_mq.merge.config import parse_config
+from polar_mq.merge.lost import link_lost_calls
 from polar_mq.merge.per_request import PerRequestBuilder
 from polar_mq.merge.prefix_merging import PrefixMergingBuilder
 from polar_mq.merge.records import as_record, prepare
@@ -83,8 +84,12 @@ def build(
     stats = base_stats(prepare(recs), result.traces) if not _has_base(result.stats) else {}
     stats.update(result.stats)
     stats["traces"] = len(result.traces)
+    lost = link_lost_calls(recs, result.traces)  # calls a dead gateway process took (merge/lost.py)
+    if lost:
+        stats["lost_calls"] = len(lost)
     return Trajectory(session_id=session_id, task_id=task_id, status=status,
-                      builder=name_or_path, traces=result.traces, stats=stats)
+                      builder=name_or_path, traces=result.traces, stats=stats,
+                      metadata={"lost_calls": lost} if lost else {})
 
 
 def _has_base(stats: Mapping[str, Any]) -> bool:

@@ -31,9 +31,11 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from polar_mq.store.wire import PipelineWire, Replies, Wire
 from polar_mq.store.core import Keys
+from polar_mq.store.lost_calls import entry_value
 
 # KEYS: key mapping, cancelled flag, session in-flight hash, paused flag, in-flight by gateway,
-#       policy version. ARGV: session id, call id, now, gateway id, check key (0|1)
+#       policy version. ARGV: session id, call id, the in-flight entry (`<now>|<gateway id>|
+#       <provider>`: whose death ends the call, store/lost_calls.py), gateway id, check key (0|1)
 _ENTER = """
 if ARGV[5] == '1' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1, false, false} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {0, false, false} end
@@ -74,22 +76,26 @@ class Admission:
         self._enter = client.register_script(_ENTER)
         self.wire: Wire = wire if wire is not None else PipelineWire(client)
 
-    def _command(self, session_id: str, call_id: str, now: float, key: str | None) -> tuple[list[str], list[str]]:
+    def _command(self, session_id: str, call_id: str, now: float, key: str | None,
+                 provider: str | None = None) -> tuple[list[str], list[str]]:
         k = self.keys
         keys = [k.gateway_key(key or ""), k.session_cancelled(session_id), k.session_inflight(session_id),
                 k.gateway_paused(), k.gateway_inflight_by_gateway(), k.policy_version()]
-        return keys, [session_id, call_id, repr(now), self.gateway_id, "1" if key else "0"]
+        return keys, [session_id, call_id, entry_value(now, self.gateway_id, provider), self.gateway_id,
+                      "1" if key else "0"]
 
-    def enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> Ticket:
+    def enter(self, session_id: str, call_id: str, now: float, key: str | None = None,
+              provider: str | None = None) -> Ticket:
         """One round trip; `key`: a session key resolved from the cache, checked again here.
         Redis errors propagate (the caller falls back to the uncounted path)."""
-        return self.send_enter(session_id, call_id, now, key).ticket()
+        return self.send_enter(session_id, call_id, now, key, provider).ticket()
 
-    def send_enter(self, session_id: str, call_id: str, now: float, key: str | None = None) -> "Entry":
+    def send_enter(self, session_id: str, call_id: str, now: float, key: str | None = None,
+                   provider: str | None = None) -> "Entry":
         """`enter` sent now, its answer read by `Entry.ticket()` (or undone by `Entry.withdraw()`:
         one of the two must follow, or the connection stays taken). A Redis error sending it is
         raised by `ticket()`, where `enter` would have raised it."""
-        keys, args = self._command(session_id, call_id, now, key)
+        keys, args = self._command(session_id, call_id, now, key, provider)
         entry = Entry(self, session_id, call_id, key, keys, args)
         try:
             entry._sent = self.wire.send([("EVALSHA", self._enter.sha, len(keys), *keys, *args)], 1)

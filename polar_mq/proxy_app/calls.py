@@ -160,8 +160,9 @@ class CallRegistry:
     """The gateway process's calls in flight, watched by one thread: session cancellations (from
     Redis, one pipeline per tick for all sessions) and closed client connections abort them."""
 
-    def __init__(self, store: GatewayStore, interval: float = 0.25):
+    def __init__(self, store: GatewayStore, interval: float = 0.25, gateway_id: str | None = None):
         self.store = store
+        self.gateway_id = gateway_id  # names this process in the calls it registers itself
         self.interval = interval
         self._calls: dict[str, Inflight] = {}
         self._lock = short_lock()
@@ -176,7 +177,7 @@ class CallRegistry:
         call = Inflight(session_id, call_id, client_socket)
         try:
             if cancelled is None:
-                cancelled = not self.store.call_started(session_id, call_id)
+                cancelled = not self.store.call_started(session_id, call_id, self.gateway_id)
             if cancelled:
                 call.reason = SESSION_CANCELLED
                 raise call.error(started=False)

@@ -218,12 +218,13 @@ class Gateway:
         self.recorder = Recorder(store, spool)
         self._served_model = settings.served_model
         self.pause = PauseGate(PauseState(store.r, store.keys, store.wire), max_hold=settings.pause_max_hold,
-                               info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url})
+                               info=lambda: {"upstreams": list(settings.upstreams), "url": settings.base_url},
+                               alive_ttl=settings.alive_ttl)
         # Streams pass through from the upstream; POLAR_STREAM_PASSTHROUGH=0 (or an upstream that
         # does not stream token ids) synthesises a stream from one non-streaming call instead.
         self.passthrough = settings.stream_passthrough
         self.policies = SessionPolicies(store)  # agent.sampling per session (calls.py)
-        self.registry = CallRegistry(store)  # calls in flight: cancellation and client disconnects
+        self.registry = CallRegistry(store, gateway_id=self.pause.gateway_id)  # calls in flight: cancellation and client disconnects
         self.admission = Admission(store.r, store.keys, self.pause.gateway_id, store.wire)  # 2 round trips a call
         self._keys: OrderedDict[str, str] = OrderedDict()  # session key -> id (admission re-checks)
         self._keys_lock = short_lock()
@@ -271,11 +272,11 @@ class Gateway:
         with self._keys_lock:
             self._keys.pop(key, None)
 
-    def admit_early(self, session_id: str, key: str | None) -> Entry:
+    def admit_early(self, session_id: str, key: str | None, provider: str | None = None) -> Entry:
         """Send a call's admission script now, before its body is read and converted: `generate`
         reads the answer (`enter`), so the round trip overlaps that work. `key`: a cached key to
         check again. The caller must hand the entry to `generate` or `withdraw` it."""
-        return self.admission.send_enter(session_id, new_id("call"), time.time(), key)
+        return self.admission.send_enter(session_id, new_id("call"), time.time(), key, provider)
 
     def withdraw(self, entry: Entry) -> None:
         """A call admitted early ends before it started: out of flight again, nothing recorded."""
@@ -291,7 +292,8 @@ class Gateway:
             if entry is not None:
                 ticket = entry.ticket()
             else:
-                ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key)
+                ticket = self.admission.enter(record.session_id, record.call_id, time.time(), key,
+                                              record.provider)
         except Exception as exc:
             if not _redis_error(exc):
                 raise

@@ -22,7 +22,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from polar_mq.model import CaptureRecord
-from polar_mq.store.pause import HEARTBEAT_INTERVAL, PauseState
+from polar_mq.store.pause import ALIVE_TTL, HEARTBEAT_INTERVAL, PauseState
 from polar_mq.store.core import StoreUnavailable
 from polar_mq.proxy_app.adapters.base import GatewayError
 
@@ -35,8 +35,10 @@ HOLD_POLL = 0.05
 
 
 class PauseGate:
-    def __init__(self, state: PauseState, *, max_hold: float, info: Callable[[], dict[str, Any]]):
+    def __init__(self, state: PauseState, *, max_hold: float, info: Callable[[], dict[str, Any]],
+                 alive_ttl: float = ALIVE_TTL):
         self.state = state
+        self.alive_ttl = alive_ttl  # this process's calls are lost once it beat none for this long
         self.max_hold = max_hold
         self.info = info
         self.gateway_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -99,7 +101,7 @@ class PauseGate:
     # --- heartbeats -----------------------------------------------------------------------------
     def beat(self) -> None:
         try:
-            self.state.heartbeat(self.gateway_id, self.info())
+            self.state.heartbeat(self.gateway_id, self.info(), self.alive_ttl)
         except Exception as exc:
             if not _redis_error(exc):
                 raise

@@ -20,6 +20,7 @@ from polar_mq.store import codec as record_codec
 from polar_mq.store import replies
 from polar_mq._io.locks import short_lock
 from polar_mq.model import CaptureRecord, GatewaySession, Trajectory
+from polar_mq.store.lost_calls import LostCalls, entry_value
 from polar_mq.store.wire import PipelineWire, RedisWire, Wire
 
 
@@ -43,8 +44,14 @@ class Keys:
         return f"{self.prefix}:gw:chunks:{session_id}"
 
     def session_inflight(self, session_id: str) -> str:
-        """Calls of a session the gateway is still working on (call id -> start time)."""
+        """Calls of a session the gateway is still working on (call id ->
+        `<admitted at>|<gateway id>|<provider>`: store/lost_calls.py)."""
         return f"{self.prefix}:gw:inflight:{session_id}"
+
+    def gateway_alive(self, gateway_id: str) -> str:
+        """Set with a short TTL by each live gateway process (store/pause.py heartbeat): gone, its
+        calls in flight are lost (store/lost_calls.py)."""
+        return f"{self.prefix}:gw:alive:{gateway_id}"
 
     def session_cancelled(self, session_id: str) -> str:
         """Set when nobody wants the session's generations any more: the gateway aborts them."""
@@ -303,6 +310,7 @@ class GatewayStore:
         self.keys = keys or Keys()
         self._known = KnownChunks()
         self._create = self.r.register_script(_CREATE_SESSION)
+        self.lost = LostCalls(self.r, self.keys)
 
     @_guard
     def ping(self) -> bool:
@@ -427,12 +435,16 @@ class GatewayStore:
     @_guard
     def inflight_and_calls(self, session_id: str) -> tuple[int, list[CaptureRecord]]:
         """`inflight_calls` and `calls` read at one moment, in one round trip (postrun's wait
-        for a session's last calls, then its read, were two per session)."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hlen(self.keys.session_inflight(session_id))
-        pipe.lrange(self.keys.calls(session_id), 0, -1)
-        pipe.hgetall(self.keys.call_chunks(session_id))
-        inflight, blobs, chunks = pipe.execute()
+        for a session's last calls, then its read, were two per session). Calls in flight on a
+        gateway process that died are ended first (`gateway_lost` records: store/lost_calls.py)."""
+        for _ in range(2):
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hlen(self.keys.session_inflight(session_id))
+            pipe.lrange(self.keys.calls(session_id), 0, -1)
+            pipe.hgetall(self.keys.call_chunks(session_id))
+            inflight, blobs, chunks = pipe.execute()
+            if not inflight or not self.lost.reap(session_id):
+                break
         return int(inflight), self._decode_calls(blobs, chunks)
 
     @staticmethod
@@ -448,13 +460,14 @@ class GatewayStore:
 
     # --- in-flight calls and cancellation (postrun waits; cancelled sessions abort upstream) ----
     @_guard
-    def call_started(self, session_id: str, call_id: str) -> bool:
+    def call_started(self, session_id: str, call_id: str, gateway_id: str | None = None) -> bool:
         """Register a call in flight unless its session is cancelled (one round trip); returns
-        False, registering nothing, for a cancelled session."""
+        False, registering nothing, for a cancelled session. `gateway_id`: the process holding it
+        (its death ends the call: store/lost_calls.py)."""
         key = self.keys.session_inflight(session_id)
         pipe = self.r.pipeline(transaction=False)
         pipe.exists(self.keys.session_cancelled(session_id))
-        pipe.hset(key, call_id, time.time())
+        pipe.hset(key, call_id, entry_value(time.time(), gateway_id) if gateway_id else repr(time.time()))
         pipe.expire(key, 24 * 3600)
         cancelled = pipe.execute()[0]
         if cancelled:
@@ -467,7 +480,12 @@ class GatewayStore:
 
     @_guard
     def inflight_calls(self, session_id: str) -> int:
-        return int(self.r.hlen(self.keys.session_inflight(session_id)))
+        """The session's calls in flight, after ending those of dead gateway processes (as
+        `inflight_and_calls`)."""
+        n = int(self.r.hlen(self.keys.session_inflight(session_id)))
+        if n and self.lost.reap(session_id):
+            n = int(self.r.hlen(self.keys.session_inflight(session_id)))
+        return n
 
     @_guard
     def cancel_session(self, session_id: str, ttl: float = 7 * 24 * 3600) -> None:

@@ -26,6 +26,10 @@ from polar_mq.store.core import Keys
 
 HEARTBEAT_INTERVAL = 1.0  # a gateway process beats this often
 HEARTBEAT_TTL = 10.0  # no beat for this long: the gateway is dead, its in-flight calls do not count
+# Each beat also sets the process's alive key (Keys.gateway_alive) for this long: once it expires
+# the calls the process held are ended as `gateway_lost` (store/lost_calls.py). Five beats: a
+# live process under load is not judged dead for one late beat.
+ALIVE_TTL = 5.0
 
 # KEYS: paused, inflight hash, version. ARGV: gateway id → {admitted 0|1, version or false}
 _BEGIN = """
@@ -84,15 +88,18 @@ class PauseState:
     def end(self, gateway_id: str) -> None:
         self._end(keys=[self.keys.gateway_inflight_by_gateway()], args=[gateway_id])
 
-    def heartbeat(self, gateway_id: str, info: dict[str, Any]) -> None:
+    def heartbeat(self, gateway_id: str, info: dict[str, Any], alive_ttl: float = ALIVE_TTL) -> None:
         for reply in self.wire.run([("ZADD", self.keys.gateway_heartbeats(), repr(time.time()), gateway_id),
-                                    ("HSET", self.keys.gateway_info(), gateway_id, json.dumps(info))]):
+                                    ("HSET", self.keys.gateway_info(), gateway_id, json.dumps(info)),
+                                    ("SET", self.keys.gateway_alive(gateway_id), b"1",
+                                     "PX", max(1, int(alive_ttl * 1000)))]):
             if isinstance(reply, redis.ResponseError):
                 raise reply
 
     def forget(self, gateway_id: str) -> None:
-        """A gateway shutting down cleanly."""
+        """A gateway shutting down cleanly (a call it still held is lost with it: no alive key)."""
         with self.r.pipeline(transaction=False) as pipe:
+            pipe.delete(self.keys.gateway_alive(gateway_id))
             pipe.zrem(self.keys.gateway_heartbeats(), gateway_id)
             pipe.hdel(self.keys.gateway_info(), gateway_id)
             pipe.hdel(self.keys.gateway_inflight_by_gateway(), gateway_id)

@@ -1,7 +1,7 @@
 """Host loss by heartbeats (tasks/host_loss.py): kill -9 of every process of a host while its
-sessions run; each of them moves on to the other host within POLAR_HOST_LOSS_SECONDS (10 s), with
-POLAR_LEASE_TTL=8 (the bound also waits for a cut-off holder's self-fence), and completes there
-once, with its model calls in the trajectory. Two hosts on loopback (POLAR_NODE=alpha / beta, each with its
+sessions run; each of them moves on to the other host within POLAR_HOST_LOSS_SECONDS (10 s) with
+the default settings (POLAR_LEASE_TTL 8: the bound also waits for a cut-off holder's self-fence),
+and completes there once, with its model calls in the trajectory. Two hosts on loopback (POLAR_NODE=alpha / beta, each with its
 three pools); the figures are printed (pytest -s)."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from pathlib import Path
 
 from tests.support.pipeline import ROOT, TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
+from polar_mq.settings import PipelineSettings
 
 AGENT = (f'echo "start $$" >> ../marks; {sys.executable} {TINY_AGENT} && sleep 6 && echo "end $$" >> ../marks')
-HOST_LOSS = 10.0
+DEFAULTS = PipelineSettings()
+HOST_LOSS = DEFAULTS.host_loss_seconds
 
 
 def start_host(p, node: str, run: int) -> list[subprocess.Popen]:
@@ -33,7 +35,9 @@ def start_host(p, node: str, run: int) -> list[subprocess.Popen]:
 
 def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
     n = 4
-    p = make_pipeline(gateway, tmp_path, POLAR_LEASE_TTL="8", POLAR_JANITOR_INTERVAL="5",
+    # The defaults (make_pipeline's own are shorter, for speed): lease TTL, janitor, host loss.
+    p = make_pipeline(gateway, tmp_path, POLAR_LEASE_TTL=str(DEFAULTS.lease_ttl),
+                      POLAR_JANITOR_INTERVAL=str(DEFAULTS.janitor_interval),
                       POLAR_HOST_LOSS_SECONDS=str(HOST_LOSS), POLAR_READY_CAPACITY=str(n))
     try:
         alpha = start_host(p, "alpha", run=n)
@@ -62,8 +66,9 @@ def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
             time.sleep(0.05)
         recs = p.wait(sids, timeout=120)
         done = time.time() - killed
-        print(f"\nhost loss: {n} sessions of the killed host moved on after "
-              f"{', '.join(f'{t:.1f}' for t in sorted(moved.values()))} s; all COMPLETED {done:.1f} s after the kill")
+        print(f"\nhost loss (defaults: lease TTL {DEFAULTS.lease_ttl:g} s, host loss {HOST_LOSS:g} s): {n} "
+              f"sessions of the killed host moved on after {', '.join(f'{t:.1f}' for t in sorted(moved.values()))}"
+              f" s; all COMPLETED {done:.1f} s after the kill (load {os.getloadavg()[0]:.1f})")
         assert len(moved) == n and max(moved.values()) <= HOST_LOSS, moved
         for rec in recs:
             assert rec.state == states.COMPLETED, (rec.state, rec.error)
@@ -76,6 +81,14 @@ def test_dead_host_sessions_move_on_within_the_bound(gateway, tmp_path):
             assert traj.status == "COMPLETED" and traj.stats["calls"] == 2, traj.stats
     finally:
         p.stop()
+
+
+def test_the_default_settings_bound_host_loss_to_ten_seconds():
+    """Issue 38's goal with nothing configured: the bound of tasks/worker/host_loss.py."""
+    from polar_mq.tasks.worker.host_loss import bound
+
+    assert bound(DEFAULTS.host_loss_seconds, DEFAULTS.lease_ttl) <= 10.0
+    assert bound(10.0, 15.0) > 10.0  # (the former default TTL could not)
 
 
 def test_a_cut_off_holder_is_given_time_to_fence_itself():

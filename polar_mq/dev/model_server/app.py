@@ -658,6 +658,16 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
             def frames() -> Iterator[str]:
+                # Logged as chat streams are (generations.py): a client that leaves aborts it.
+                state.generations.start(rid, len(ids), body)
+                reason = "abort"
+                try:
+                    yield from completion_frames()
+                    reason = finish or "stop"
+                finally:
+                    state.generations.finish(rid, reason)
+
+            def completion_frames() -> Iterator[str]:
                 # As vLLM 0.32: one chunk per token (text piece, its logprobs, token_ids; the
                 # prompt ids on the first chunk only), finish_reason on the last token's chunk.
                 base = {"id": rid, "object": "text_completion", "created": created, "model": config.served_model_name}
@@ -675,6 +685,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                          "prompt_token_ids": prompt_ids if (want_ids and i == 0) else None,
                          "token_ids": [t] if want_ids else None}
                     obj = dict(base, choices=[c])
+                    state.generations.token(rid)
                     if i == last:
                         c["finish_reason"], c["stop_reason"] = finish, stop_reason
                         if not include_usage:
@@ -686,6 +697,7 @@ def create_app(config: ServerConfig | dict | None = None) -> Flask:
                 yield "data: [DONE]\n\n"
 
             return Response(frames(), mimetype="text/event-stream")
+        state.generations.whole(rid, len(ids), finish or "stop", body)
         return _json_response({
             "id": rid, "object": "text_completion", "created": created, "model": config.served_model_name,
             "choices": [{

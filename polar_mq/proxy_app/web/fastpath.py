@@ -140,7 +140,7 @@ class FastPath:
         # hold one of the gateway's Redis connections.
         buffered = environ.get(BODY_IN_MEMORY, False)
         body = None if buffered else self.read_json(environ)
-        entry = gw.admit_early(sid, session_key if cached else None)
+        entry = gw.admit_early(sid, session_key if cached else None, provider)
         try:
             if body is None:
                 body = self.read_json(environ)

@@ -1,7 +1,8 @@
 """Host loss by heartbeats: a node whose beat stops is fenced and its sessions move on within
 `host_loss_seconds` (POLAR_HOST_LOSS_SECONDS, default 10) when the lease TTL allows it: the bound
 is max(0.6 × host_loss_seconds, 0.6 × POLAR_LEASE_TTL + 2.5 s + TTL/6) + one check (1 s), so
-≤ 10 s with the defaults' host_loss_seconds and POLAR_LEASE_TTL ≤ 8 (docs/deployment.md).
+≤ 10 s with the defaults (host_loss_seconds 10, POLAR_LEASE_TTL 8: 9.6 s; `bound` below,
+tests/pipeline/test_host_loss.py; docs/deployment.md). A longer TTL lengthens the bound.
 
 Every worker process beats for its node every `beat_interval` (node table: node -> expiry, written
 `node_timeout` ahead). Once a second one janitor (a Redis lock) reads the node table; a node whose
@@ -60,6 +61,14 @@ def beat_interval(host_loss_seconds: float) -> float:
 
 def check_interval(host_loss_seconds: float) -> float:
     return max(0.2, min(1.0, 0.2 * host_loss_seconds))
+
+
+def bound(host_loss_seconds: float, lease_ttl: float) -> float:
+    """The longest a dead node's sessions wait before they move on: its beat must be stale, and
+    a holder that was only cut off must have fenced itself and stopped its harness (counted from
+    its last renewal, at most TTL/6 before the loss), then one check."""
+    holder = SELF_FENCE * lease_ttl + HARNESS_KILL + lease_ttl / 6
+    return max(node_timeout(host_loss_seconds), holder) + check_interval(host_loss_seconds)
 
 
 def lease_node(token: str | None) -> str | None:
