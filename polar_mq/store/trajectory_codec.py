@@ -20,7 +20,8 @@ information (bench/bench_storage.py), on top of its gateway records. Here the st
   - each message and the tools list as `ExtType(REF, index)` into "m", each distinct value packed
     once per trajectory.
   Every other key (and key order) is kept as it is, so fields added to Trace later round-trip.
-- Values written before this layout (plain msgpack, which never starts with 0xc1) decode as ever.
+- Values written before this layout (plain msgpack, which never starts with 0xc1) decode as ever,
+  and a small trajectory whose plain msgpack is no larger than the compact value is stored plain.
 
 `decode(encode(d)) == d` for every trajectory dict, byte-identical when packed again
 (tests/store/test_trajectory_codec.py: a hypothesis property over chains, branches, forks and
@@ -44,6 +45,7 @@ VERSION = 1
 U32, F64, DELTA, REF = 1, 2, 3, 4  # msgpack ext type codes
 PARENTS = 8  # earlier traces compared as a trace's parent (the nearest first)
 MIN_SHARED = 64  # ids a parent must share for a delta to be worth its reference
+SMALL = 4096  # compact values up to this size are stored plain when that is no larger
 _LITTLE = sys.byteorder == "little"
 _FLOAT_FIELDS = ("response_logprobs",)
 
@@ -174,7 +176,12 @@ def encode_dict(traj: dict[str, Any]) -> bytes:
         sequences: list[bytes | None] = []
         out["traces"] = [_encode_trace(t, sequences, values) if isinstance(t, dict) else t for t in traces]
     packed = msgpack.packb({"v": VERSION, "t": out, "m": values.packed}, use_bin_type=True)
-    return MAGIC + zlib.compress(packed, 6)
+    blob = MAGIC + zlib.compress(packed, 6)
+    if len(blob) <= SMALL:  # a few traces of a short session: the plain value may be smaller
+        plain: bytes = msgpack.packb(traj, use_bin_type=True)
+        if len(plain) <= len(blob):
+            return plain
+    return blob
 
 
 def is_encoded(blob: bytes) -> bool:
@@ -233,6 +240,8 @@ def _decode_trace(trace: dict[str, Any], sequences: list[list[int] | None], tabl
                                     "which is not an earlier trace with ids")
         if not isinstance(keep, int) or not 0 <= keep <= len(base):
             raise CorruptTrajectory(f"trace {me}: keeps {keep!r} ids of a {len(base)}-id parent")
+        if not isinstance(tail, bytes):
+            raise CorruptTrajectory(f"trace {me}: the new ids of a prompt delta are not an id array")
         trace["prompt_ids"] = base[:keep] + _from_u32(tail)
     else:
         trace["prompt_ids"] = _ints(prompt)

@@ -10,6 +10,7 @@ A delta whose parent is missing or later raises CorruptTrajectory, never a short
 
 from __future__ import annotations
 
+import random
 import zlib
 from unittest.mock import patch
 
@@ -72,16 +73,19 @@ def trajectories(draw):
     return traj
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trajectories())
 def test_encode_decode_is_lossless(traj):
-    for min_shared in (tc.MIN_SHARED, 1):  # 1: these short traces are stored as deltas too
-        with patch.object(tc, "MIN_SHARED", min_shared):
+    # as configured, and compact whatever the size with deltas from 1 shared id (short traces)
+    for min_shared, small in ((tc.MIN_SHARED, tc.SMALL), (1, 0)):
+        with patch.object(tc, "MIN_SHARED", min_shared), patch.object(tc, "SMALL", small):
             blob = tc.encode_dict(traj)
         back = tc.decode_dict(blob)
         assert pack(back) == pack(traj)
+        if small and len(pack(traj)) <= small:
+            assert len(blob) <= len(pack(traj))
     # and the record type reads it the same
-    assert Trajectory.from_dict(tc.decode_dict(blob)).to_dict() == Trajectory.from_dict(traj).to_dict()
+    assert pack(Trajectory.from_dict(tc.decode_dict(blob)).to_dict()) == pack(Trajectory.from_dict(traj).to_dict())
 
 
 def test_generated_trajectories_do_use_deltas():
@@ -91,7 +95,7 @@ def test_generated_trajectories_do_use_deltas():
     @settings(max_examples=60, deadline=None)
     @given(trajectories())
     def collect(traj):
-        with patch.object(tc, "MIN_SHARED", 1):
+        with patch.object(tc, "MIN_SHARED", 1), patch.object(tc, "SMALL", 0):
             env = msgpack.unpackb(zlib.decompress(tc.encode_dict(traj)[len(tc.MAGIC):]), raw=False)
         kinds.extend(t["prompt_ids"].code for t in env["t"]["traces"]
                      if isinstance(t["prompt_ids"], msgpack.ExtType))
@@ -149,8 +153,17 @@ def test_missing_parent_raises_never_loses_ids(parent, keep, says):
         tc.decode_dict(_with_delta(parent, keep))
 
 
+def test_small_values_are_never_larger_than_plain():
+    """Where zlib cannot win (a few random bytes), a small trajectory is stored plain."""
+    noise = Trajectory(session_id="s", metadata={"n": random.Random(1).randbytes(300)}).to_dict()
+    blob = tc.encode_dict(noise)
+    assert len(blob) <= len(pack(noise)) and tc.decode_dict(blob) == noise
+    assert not tc.is_encoded(blob)
+
+
 def test_truncated_or_unknown_values_raise_clearly():
-    blob = tc.encode_dict(Trajectory(session_id="s", traces=[Trace([1] * 200, [2], [1])]).to_dict())
+    blob = tc.encode_dict(Trajectory(session_id="s", traces=[Trace(list(range(5000)), [2], [1])]).to_dict())
+    assert tc.is_encoded(blob)
     with pytest.raises(tc.CorruptTrajectory, match="cannot be read"):
         tc.decode_dict(blob[:-10])
     with pytest.raises(tc.CorruptTrajectory, match="version"):
