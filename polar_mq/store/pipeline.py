@@ -459,8 +459,7 @@ class PipelineStore:
         if not session_ids:
             return []
         blobs = [replies.blob(b) for b in self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])]
-        return [pack(trajectory_codec.decode_dict(b)) if b is not None and trajectory_codec.is_encoded(b) else b
-                for b in blobs]
+        return [trajectory_codec.packed(b) if b is not None else None for b in blobs]
 
     def incr(self, name: str, amount: float = 1) -> None:
         self.r.hincrbyfloat(self.keys.counter(), name, amount)

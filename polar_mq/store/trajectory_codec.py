@@ -188,9 +188,11 @@ def is_encoded(blob: bytes) -> bool:
     return blob[:len(MAGIC)] == MAGIC
 
 
-def decode_dict(blob: bytes) -> dict[str, Any]:
+def decode_dict(blob: bytes, shared: bool = False) -> dict[str, Any]:
     """The trajectory dict a stored value holds (either layout). Raises CorruptTrajectory when
-    the value cannot be decoded whole."""
+    the value cannot be decoded whole. `shared`: traces may share (alias) equal message and
+    tools objects, each unpacked once; only for a caller that packs the dict at once
+    (`packed`), never one that hands it on to be changed."""
     if not is_encoded(blob):
         plain: dict[str, Any] = msgpack.unpackb(blob, raw=False, strict_map_key=False)
         return plain
@@ -200,7 +202,7 @@ def decode_dict(blob: bytes) -> dict[str, Any]:
         raise CorruptTrajectory(f"stored trajectory cannot be read: {exc}") from exc
     if not isinstance(env, dict) or env.get("v") != VERSION:
         raise CorruptTrajectory(f"unknown stored trajectory version {env.get('v') if isinstance(env, dict) else env!r}")
-    table: list[bytes] = env.get("m") or []
+    table = _Table(env.get("m") or [], shared)
     traj: dict[str, Any] = env["t"]
     traces = traj.get("traces")
     if isinstance(traces, list):
@@ -209,13 +211,34 @@ def decode_dict(blob: bytes) -> dict[str, Any]:
     return traj
 
 
-def _value(ext: Any, table: list[bytes]) -> Any:
-    if not isinstance(ext, msgpack.ExtType) or ext.code != REF:
-        raise CorruptTrajectory("a message or tools entry is not a reference")
-    i = msgpack.unpackb(ext.data)
-    if not isinstance(i, int) or not 0 <= i < len(table):
-        raise CorruptTrajectory(f"reference {i!r} outside the trajectory's {len(table)} values")
-    return msgpack.unpackb(table[i], raw=False, strict_map_key=False)
+def packed(blob: bytes) -> bytes:
+    """The msgpack of the trajectory dict a stored value holds (what the groups API splices into
+    its answer): a plain value as it is, a compact one decoded and packed."""
+    if not is_encoded(blob):
+        return blob
+    out: bytes = msgpack.packb(decode_dict(blob, shared=True), use_bin_type=True)
+    return out
+
+
+class _Table:
+    """The distinct values of one stored trajectory, unpacked per use (no aliasing) or, when
+    `shared`, once."""
+
+    def __init__(self, values: list[bytes], shared: bool):
+        self.values = values
+        self.cache: dict[int, Any] | None = {} if shared else None
+
+    def __call__(self, ext: Any) -> Any:
+        if not isinstance(ext, msgpack.ExtType) or ext.code != REF:
+            raise CorruptTrajectory("a message or tools entry is not a reference")
+        i = msgpack.unpackb(ext.data)
+        if not isinstance(i, int) or not 0 <= i < len(self.values):
+            raise CorruptTrajectory(f"reference {i!r} outside the trajectory's {len(self.values)} values")
+        if self.cache is None:
+            return msgpack.unpackb(self.values[i], raw=False, strict_map_key=False)
+        if i not in self.cache:
+            self.cache[i] = msgpack.unpackb(self.values[i], raw=False, strict_map_key=False)
+        return self.cache[i]
 
 
 def _ints(v: Any) -> Any:
@@ -226,7 +249,7 @@ def _ints(v: Any) -> Any:
     return v
 
 
-def _decode_trace(trace: dict[str, Any], sequences: list[list[int] | None], table: list[bytes]) -> dict[str, Any]:
+def _decode_trace(trace: dict[str, Any], sequences: list[list[int] | None], table: _Table) -> dict[str, Any]:
     prompt = trace.get("prompt_ids")
     me = len(sequences)
     if isinstance(prompt, msgpack.ExtType) and prompt.code == DELTA:
@@ -259,8 +282,8 @@ def _decode_trace(trace: dict[str, Any], sequences: list[list[int] | None], tabl
     coded = isinstance(prompt, msgpack.ExtType) and isinstance(response, msgpack.ExtType)
     sequences.append(trace["prompt_ids"] + trace["response_ids"] if coded else None)
     if isinstance(trace.get("messages"), list):
-        trace["messages"] = [_value(m, table) for m in trace["messages"]]
+        trace["messages"] = [table(m) for m in trace["messages"]]
     if "tools" in trace:
-        trace["tools"] = _value(trace["tools"], table)
+        trace["tools"] = table(trace["tools"])
     return trace
 

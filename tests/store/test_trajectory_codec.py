@@ -82,6 +82,7 @@ def test_encode_decode_is_lossless(traj):
             blob = tc.encode_dict(traj)
         back = tc.decode_dict(blob)
         assert pack(back) == pack(traj)
+        assert tc.packed(blob) == pack(traj)  # what the groups API splices in
         if small and len(pack(traj)) <= small:
             assert len(blob) <= len(pack(traj))
     # and the record type reads it the same
@@ -135,6 +136,16 @@ def _with_delta(parent: int, keep: int) -> bytes:
         {**second, "prompt_ids": msgpack.ExtType(tc.DELTA, pack([parent, keep, b"\x05\0\0\0"])),
          "messages": [], "tools": msgpack.ExtType(tc.REF, pack(0))}]}
     return tc.MAGIC + zlib.compress(pack({"v": tc.VERSION, "t": t, "m": [pack([])]}))
+
+
+def test_decoded_traces_never_alias_each_other():
+    """Traces that stored one message once get their own objects: changing one changes no other."""
+    msg = {"role": "user", "content": "x" * 100}
+    traj = Trajectory(session_id="s", traces=[Trace(list(range(300)), [1], [1], messages=[msg]),
+                                              Trace(list(range(301)), [1], [1], messages=[msg])]).to_dict()
+    a, b = tc.decode_dict(tc.encode_dict(traj))["traces"]
+    a["messages"][0]["content"] = "changed"
+    assert b["messages"][0]["content"] == "x" * 100
 
 
 def test_a_delta_resolves_against_its_parent():
