@@ -23,6 +23,7 @@ from polar_mq.store import histograms
 from polar_mq.store import replicated
 from polar_mq.store import replies
 from polar_mq.store import session_cas
+from polar_mq.store import trajectory_codec
 from polar_mq.store.groups import GroupQueue
 from polar_mq.model import SessionRecord, Trajectory
 from polar_mq.store.core import Keys, pack, unpack
@@ -443,18 +444,22 @@ class PipelineStore:
 
     # --- results and metrics --------------------------------------------------------------------
     def save_trajectory(self, trajectory: Trajectory) -> None:
-        self.r.set(self.keys.trajectory(trajectory.session_id, "result"), pack(trajectory.to_dict()))
+        """Stored compact (trajectory_codec: prompt ids as deltas of an earlier trace of the same
+        value, repeated messages once, zlib); the readers below give back exactly `to_dict()`."""
+        self.r.set(self.keys.trajectory(trajectory.session_id, "result"),
+                   trajectory_codec.encode_dict(trajectory.to_dict()))
 
     def get_trajectory(self, session_id: str) -> Trajectory | None:
         blob = replies.blob(self.r.get(self.keys.trajectory(session_id, "result")))
-        return Trajectory.from_dict(unpack(blob)) if blob else None
+        return Trajectory.from_dict(trajectory_codec.decode_dict(blob)) if blob else None
 
     def trajectory_blobs(self, session_ids: list[str]) -> list[bytes | None]:
-        """The stored msgpack of each session's trajectory (None where there is none), in one
-        round trip; the groups API splices these into its answer without decoding them."""
+        """The msgpack of each session's trajectory dict (None where there is none), in one
+        round trip; the groups API splices these into its answer without decoding them again."""
         if not session_ids:
             return []
-        return [replies.blob(b) for b in self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])]
+        blobs = [replies.blob(b) for b in self.r.mget([self.keys.trajectory(s, "result") for s in session_ids])]
+        return [trajectory_codec.packed(b) if b is not None else None for b in blobs]
 
     def incr(self, name: str, amount: float = 1) -> None:
         self.r.hincrbyfloat(self.keys.counter(), name, amount)
