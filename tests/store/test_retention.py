@@ -183,3 +183,30 @@ def test_retention_and_gc_reach_the_gateways_own_redis(split_env):
     assert out["deleted"] >= 2 and "gateway_freed_bytes" in out
     assert not any(g.exists(k) for k in there2)
     assert retention.task_keys(r, keys, tid2, g) == []
+
+
+def test_gc_collects_orphan_gateway_sessions_by_hand(env):
+    """`polar-mq gc` runs the janitor's orphan step by hand (retention.collect_orphan_sessions), and
+    puts sessions the index does not know (made before it existed) into it first."""
+    p, gateway, api, r = env
+    keys = Keys()
+    made = requests.post(f"{gateway.url}/sessions", json={}, headers=AUTH, timeout=10).json()
+    sid = made["session_id"]
+    resp = requests.post(f"{made['base_urls']['openai']}/chat/completions", timeout=30,
+                         headers={"Authorization": f"Bearer {made['key']}"},
+                         json={"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert resp.status_code == 200
+    tid, recs = run_task(p, 1)  # a finished task: its gateway session is the task's, never an orphan
+    r.zrem(keys.gateway_sessions_index(), sid)  # as if made before the index existed
+    cmd = [sys.executable, "-m", "polar_mq.cli", "gc", "--redis", gateway.redis_url, "--older-than", "0"]
+    out = json.loads(subprocess.run(cmd + ["--retention", "900"], capture_output=True, text=True, cwd=ROOT,
+                                    check=True, env={**p.env}).stdout)
+    mine = [k.decode() for k in r.scan_iter(count=1000) if sid in k.decode() or made["key"] in k.decode()]
+    assert {keys.gateway_session(sid), keys.gateway_key(made["key"]), keys.calls(sid)} <= set(mine)
+    assert out["sessions_indexed"] >= 1 and out["orphan_sessions"] >= 1 and out["orphan_keys"] >= len(mine), out
+    assert all(0 < r.ttl(k) <= 900 for k in mine), {k: r.ttl(k) for k in mine}
+    task_gw = recs[0].gateway_session_id
+    assert r.exists(keys.calls(task_gw)) and r.ttl(keys.gateway_session(task_gw)) > 800  # the task's TTL, from gc
+    subprocess.run(cmd + ["--delete"], capture_output=True, text=True, cwd=ROOT, check=True, env={**p.env})
+    assert not any(sid in k.decode() or made["key"] in k.decode() for k in r.scan_iter(count=1000))
+    assert r.zscore(keys.gateway_sessions_index(), sid) is None
