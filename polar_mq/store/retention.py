@@ -55,13 +55,17 @@ def _sessions(r: redis.Redis, keys: Keys, task_id: str) -> list[SessionRecord]:
     return out
 
 
-def _gateway_keys(r: redis.Redis, keys: Keys, gw_sid: str) -> list[str]:
+def _gateway_keys(r: redis.Redis, keys: Keys, gw_sid: str, scan: bool = True) -> list[str]:
+    """Every key of one gateway session. `scan`: also trajectories saved under other builders'
+    names than the two in `Keys.gateway_session_keys` (a SCAN of the whole keyspace per session:
+    `polar-mq gc` and the API's export do it, the janitor's pass does not)."""
     found = list(keys.gateway_session_keys(gw_sid))
     blob = replies.blob(r.get(keys.gateway_session(gw_sid)))
     if not blob:  # never created (a session without a judge) or gone: no scan for its trajectories
         return found
     found.append(keys.gateway_key(GatewaySession.from_dict(unpack(blob)).key))
-    found.extend(k.decode() for k in r.scan_iter(match=f"{keys.trajectory(gw_sid, '*')}", count=1000))
+    if scan:
+        found.extend(k.decode() for k in r.scan_iter(match=f"{keys.trajectory(gw_sid, '*')}", count=1000))
     return found
 
 
@@ -74,7 +78,7 @@ def _existing(r: redis.Redis, found: list[str]) -> list[str]:
 
 
 def owned_keys(r: redis.Redis, keys: Keys, task_id: str,
-               gw: redis.Redis | None = None) -> tuple[list[str], list[str]]:
+               gw: redis.Redis | None = None, scan: bool = True) -> tuple[list[str], list[str]]:
     """The keys a task owns that exist: (in the pipeline's Redis, in the gateway's Redis). With
     one Redis for both (`gw` None or the same client) the second list is empty."""
     gw_client = gw if gw is not None else r
@@ -85,7 +89,7 @@ def owned_keys(r: redis.Redis, keys: Keys, task_id: str,
         gw_ids = ([rec.gateway_session_id] + list((rec.stats or {}).get("abandoned_gateway_sessions") or [])
                   + [judge_session_id(rec.session_id)])
         for gw_sid in dict.fromkeys(g for g in gw_ids if g):
-            gateway_found.extend(_gateway_keys(gw_client, keys, gw_sid))
+            gateway_found.extend(_gateway_keys(gw_client, keys, gw_sid, scan))
     if gw is None or gw is r:
         return _existing(r, pipeline_found + gateway_found), []
     return _existing(r, pipeline_found), _existing(gw, gateway_found)
@@ -114,10 +118,11 @@ def _expire(r: redis.Redis, found: list[str], ttl: float) -> None:
     pipe.execute()
 
 
-def expire_task(r: redis.Redis, keys: Keys, task_id: str, ttl: float, gw: redis.Redis | None = None) -> int:
+def expire_task(r: redis.Redis, keys: Keys, task_id: str, ttl: float, gw: redis.Redis | None = None,
+                scan: bool = True) -> int:
     """Give every key of the task the TTL (0: delete now), in both Redis servers; returns how
     many keys."""
-    here, there = owned_keys(r, keys, task_id, gw)
+    here, there = owned_keys(r, keys, task_id, gw, scan)
     _expire(r, here, ttl)
     if there:
         _expire(gw, there, ttl)  # type: ignore[arg-type]
@@ -144,10 +149,10 @@ def _unindex(r: redis.Redis, keys: Keys, task_ids: list[str]) -> None:
         pipe.execute()
 
 
-def drop_task(r: redis.Redis, keys: Keys, task_id: str, gw: redis.Redis | None = None) -> int:
+def drop_task(r: redis.Redis, keys: Keys, task_id: str, gw: redis.Redis | None = None, scan: bool = True) -> int:
     """Delete every key the task owns now (both Redis servers) and take it out of the indexes;
     returns how many keys were deleted. The one way a task is removed (`gc --delete`, the janitor)."""
-    n = expire_task(r, keys, task_id, 0, gw)
+    n = expire_task(r, keys, task_id, 0, gw, scan)
     _unindex(r, keys, [task_id])
     return n
 
@@ -280,14 +285,14 @@ def collect(r: redis.Redis, keys: Keys, *, retention: float, now: float | None =
             elif float(finished_at) <= cutoff:
                 out.tasks.append(t)
                 if not dry_run:
-                    out.keys += drop_task(r, keys, t, gw)
+                    out.keys += drop_task(r, keys, t, gw, scan=False)
     out.index_dropped = len(gone)
     if not dry_run:
         _unindex(r, keys, gone)
         if sessions_dir and (out.tasks or gone):
             out.dirs_pruned = prune_task_dirs(Path(sessions_dir), out.tasks + gone)
     out.sessions, n = collect_orphan_sessions(r, keys, idle=retention, now=now, gw=gw, dry_run=dry_run,
-                                              limit=session_limit)
+                                              limit=session_limit, scan=False)
     out.keys += n
     return out
 
@@ -307,7 +312,7 @@ def _last_activity(g: redis.Redis, keys: Keys, session: GatewaySession) -> float
 
 def collect_orphan_sessions(r: redis.Redis, keys: Keys, *, idle: float, now: float | None = None,
                             gw: redis.Redis | None = None, ttl: float = 0.0, dry_run: bool = False,
-                            limit: int = 1000) -> tuple[list[str], int]:
+                            limit: int = 1000, scan: bool = True) -> tuple[list[str], int]:
     """Gateway sessions no task owns (no `task_id`, or its task is gone from the pipeline's Redis
     `r`) whose last activity (creation, or the end of their last stored call; never one with a
     call in flight) is more than `idle` seconds ago: every key of theirs (`_gateway_keys`: record,
@@ -345,7 +350,7 @@ def collect_orphan_sessions(r: redis.Redis, keys: Keys, *, idle: float, now: flo
                 if session is not None and ttl > 0 and pipe.ttl(keys.gateway_session(sid)) >= 0:
                     pipe.unwatch()
                     continue  # expiring already
-                found = _existing(g, _gateway_keys(g, keys, sid))
+                found = _existing(g, _gateway_keys(g, keys, sid, scan))
                 if dry_run:
                     pipe.unwatch()
                 else:

@@ -4,7 +4,8 @@ The agent's session is real too: the tiny model's tool-call round trip through t
 trajectory built by the gateway. The judge runs in its own gateway session (`<session>.judge`,
 metadata role judge), pinned to temperature 0 and the seed: judging the same trajectory twice
 gives the same answer, token for token. The tiny model was trained on file-writing turns, not on
-grading: what it answers is not the asked JSON, so the grade is ERROR (masked, reward None, never
+grading: it answers its write call's JSON (`{"name": "write", "arguments": ...}`), not the asked
+`{"scores": ...}`, so the grade is ERROR (masked, reward None, never
 0) with the judge's prompt, answer and records kept for audit. A model that does answer the JSON
 gets its per-criterion scores (tests/graders/test_graders_rubric.py, the stand-in as judge).
 """
@@ -78,6 +79,8 @@ def test_real_vllm_judge_is_deterministic_and_its_failure_is_masked(vllm_gateway
         parse_answer(answer, [{"name": "correct"}, {"name": "tidy"}])
     for grade in (first, second):
         assert grade.status == ERROR and grade.reward is None and grade.passed is False
-        assert grade.details["error"] and "criteria" not in grade.details
+        # a parse failure (the answer came back), not a transport one
+        assert "no 'scores' object" in grade.details["error"] or "not JSON" in grade.details["error"]
+        assert "criteria" not in grade.details
         assert grade.details["judge"]["answer"] == answer  # kept for audit
     print(f"tiny judge answered {answer!r}: {first.details['error']}")
