@@ -149,6 +149,37 @@ def _unindex(r: redis.Redis, keys: Keys, task_ids: list[str]) -> None:
         pipe.execute()
 
 
+# KEYS: task index, groups pending, groups leased. ARGV: per task: its id, how many keys it owns
+# by name (Keys.task_keys: its record first), those names. A task whose record exists again (the
+# same id resubmitted meanwhile: `submit --dataset` derives ids) is left alone.
+_FORGET = """
+local i = 1
+while i <= #ARGV do
+  local id, n = ARGV[i], tonumber(ARGV[i + 1])
+  if redis.call('EXISTS', ARGV[i + 2]) == 0 then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+    for j = i + 3, i + 1 + n do redis.call('DEL', ARGV[j]) end
+  end
+  i = i + 2 + n
+end
+return 0
+"""
+
+
+def _forget(r: redis.Redis, keys: Keys, task_ids: list[str]) -> None:
+    """Tasks whose record expired: out of the indexes, and any task-level key written after its
+    TTL was given (none should be: pipeline.py `_follow_task_ttl`) deleted with them; atomic per
+    batch, so a task created again with the same id meanwhile keeps everything."""
+    for batch in _batches(task_ids, 200):
+        args: list[str | int] = []
+        for t in batch:
+            names = keys.task_keys(t)
+            args += [t, len(names), *names]
+        r.eval(_FORGET, 3, keys.task_index(), keys.groups_pending(), keys.groups_leased(), *args)
+
+
 def drop_task(r: redis.Redis, keys: Keys, task_id: str, gw: redis.Redis | None = None, scan: bool = True) -> int:
     """Delete every key the task owns now (both Redis servers) and take it out of the indexes;
     returns how many keys were deleted. The one way a task is removed (`gc --delete`, the janitor)."""
@@ -215,7 +246,7 @@ def gc(r: redis.Redis, keys: Keys, *, retention: float, older_than: float, delet
             if not dry_run:
                 expire_task(r, keys, task_id, retention, gw)
     if not dry_run:
-        _unindex(r, keys, report.index_dropped)
+        _forget(r, keys, report.index_dropped)
         if sessions_dir:
             report.dirs_pruned = prune_task_dirs(Path(sessions_dir), gone_tasks)
     report.used_memory_after = _used_memory(r)
@@ -288,7 +319,7 @@ def collect(r: redis.Redis, keys: Keys, *, retention: float, now: float | None =
                     out.keys += drop_task(r, keys, t, gw, scan=False)
     out.index_dropped = len(gone)
     if not dry_run:
-        _unindex(r, keys, gone)
+        _forget(r, keys, gone)
         if sessions_dir and (out.tasks or gone):
             out.dirs_pruned = prune_task_dirs(Path(sessions_dir), out.tasks + gone)
     out.sessions, n = collect_orphan_sessions(r, keys, idle=retention, now=now, gw=gw, dry_run=dry_run,

@@ -210,3 +210,36 @@ def test_gc_collects_orphan_gateway_sessions_by_hand(env):
     subprocess.run(cmd + ["--delete"], capture_output=True, text=True, cwd=ROOT, check=True, env={**p.env})
     assert not any(sid in k.decode() or made["key"] in k.decode() for k in r.scan_iter(count=1000))
     assert r.zscore(keys.gateway_sessions_index(), sid) is None
+
+
+def test_late_task_keys_follow_the_tasks_ttl_and_gone_tasks_leave_nothing():
+    """A callback's state written after the export gets the task's TTL; once a task's record is
+    gone, the janitor's pass drops its index entries and task-level leftovers, but a task created
+    again under the same id keeps everything."""
+    from polar_mq.store.pipeline import PipelineStore
+    from polar_mq.store.core import connect
+
+    server = start_embedded()
+    try:
+        store = PipelineStore(connect(server.url))
+        r, keys = store.r, store.keys
+        r.set(keys.task("t-late"), b"x", ex=500)  # exported: the task expires in 500 s
+        store.record_callback("t-late", "d1", {"state": "delivered"})
+        assert store.mark_callback_sent("t-late")
+        assert 0 < r.ttl(keys.task_callbacks("t-late")) <= 500 and 0 < r.ttl(keys.callbacks_done("t-late")) <= 500
+        # t-gone: its record expired, a late key and its index entries stayed; t-back: same story,
+        # but the id was submitted again meanwhile (its record exists): untouched.
+        for t in ("t-gone", "t-back"):
+            r.zadd(keys.task_index(), {t: 1.0})
+            r.zadd(keys.groups_pending(), {t: 1.0})
+            r.hset(keys.task_callbacks(t), "d", "{}")
+        r.set(keys.task("t-back"), b"again")
+        got = retention.collect(r, keys, retention=60)
+        assert got.index_dropped == 1 and got.tasks == []
+        assert not r.exists(keys.task_callbacks("t-gone")) and r.zscore(keys.task_index(), "t-gone") is None
+        assert r.zscore(keys.groups_pending(), "t-gone") is None
+        assert r.exists(keys.task_callbacks("t-back")) and r.zscore(keys.task_index(), "t-back") == 1.0
+        retention._forget(r, keys, ["t-back"])  # seen gone, then created again before the delete
+        assert r.exists(keys.task_callbacks("t-back")) and r.zscore(keys.task_index(), "t-back") == 1.0
+    finally:
+        server.stop()
