@@ -409,13 +409,13 @@ def index_gateway_sessions(g: redis.Redis, keys: Keys) -> int:
     prefix = keys.gateway_session("")
     for batch in _batches(g.scan_iter(match=prefix + "*", count=1000), 500):
         sids = [(replies.text(k) or "")[len(prefix):] for k in batch]
-        blobs = g.mget([keys.gateway_session(s) for s in sids])
-        entries = {}
+        blobs = [replies.blob(b) for b in g.mget([keys.gateway_session(s) for s in sids])]
+        entries: dict[str, float] = {}
         for sid, blob in zip(sids, blobs):
             if blob:
                 entries[sid] = float(GatewaySession.from_dict(unpack(blob)).created_at or time.time())
         if entries:
-            added += int(g.zadd(keys.gateway_sessions_index(), entries, nx=True))
+            added += int(g.zadd(keys.gateway_sessions_index(), entries, nx=True) or 0)  # type: ignore[arg-type]
     return added
 
 
