@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import redis
@@ -243,3 +244,21 @@ def test_late_task_keys_follow_the_tasks_ttl_and_gone_tasks_leave_nothing():
         assert r.exists(keys.task_callbacks("t-back")) and r.zscore(keys.task_index(), "t-back") == 1.0
     finally:
         server.stop()
+
+
+def test_janitor_pass_reaches_the_gateways_own_redis(split_env):
+    """With POLAR_GATEWAY_REDIS_URL the janitor's pass finds orphan sessions in the gateway's Redis
+    and asks the pipeline's whether their task exists."""
+    p, api, r, g = split_env
+    keys = Keys()
+    gw_url = p.gateway_url
+    orphan = requests.post(f"{gw_url}/sessions", json={}, headers=AUTH, timeout=10).json()
+    owned = requests.post(f"{gw_url}/sessions", json={"task_id": "split-live"}, headers=AUTH, timeout=10).json()
+    r.set(keys.task("split-live"), b"x")  # a task of the pipeline (its Redis, not the gateway's)
+    try:
+        got = retention.collect(r, keys, retention=5, now=time.time() + 10, gw=g)
+        assert orphan["session_id"] in got.sessions and owned["session_id"] not in got.sessions
+        assert not g.exists(keys.gateway_session(orphan["session_id"])) and not g.exists(keys.gateway_key(orphan["key"]))
+        assert g.exists(keys.gateway_session(owned["session_id"])) and g.exists(keys.gateway_key(owned["key"]))
+    finally:
+        r.delete(keys.task("split-live"))
