@@ -49,23 +49,31 @@ def judge_session_id(session_id: str) -> str:
 def _sessions(r: redis.Redis, keys: Keys, task_id: str) -> list[SessionRecord]:
     sids = replies.texts(r.lrange(keys.task_sessions(task_id), 0, -1))
     out = []
-    for sid in sids:
-        blob = replies.blob(r.get(keys.session(sid)))
+    blobs = [replies.blob(b) for b in r.mget([keys.session(sid) for sid in sids])] if sids else []
+    for sid, blob in zip(sids, blobs):
         out.append(SessionRecord.from_dict(unpack(blob)) if blob else SessionRecord(session_id=sid, task_id=task_id))
     return out
 
 
 def _gateway_keys(r: redis.Redis, keys: Keys, gw_sid: str, scan: bool = True) -> list[str]:
-    """Every key of one gateway session. `scan`: also trajectories saved under other builders'
-    names than the two in `Keys.gateway_session_keys` (a SCAN of the whole keyspace per session:
-    `polar-mq gc` and the API's export do it, the janitor's pass does not)."""
-    found = list(keys.gateway_session_keys(gw_sid))
-    blob = replies.blob(r.get(keys.gateway_session(gw_sid)))
-    if not blob:  # never created (a session without a judge) or gone: no scan for its trajectories
-        return found
-    found.append(keys.gateway_key(GatewaySession.from_dict(unpack(blob)).key))
-    if scan:
-        found.extend(k.decode() for k in r.scan_iter(match=f"{keys.trajectory(gw_sid, '*')}", count=1000))
+    """Every key of one gateway session (`_gateway_keys_of`)."""
+    return _gateway_keys_of(r, keys, [gw_sid], scan)
+
+
+def _gateway_keys_of(r: redis.Redis, keys: Keys, gw_sids: list[str], scan: bool = True) -> list[str]:
+    """Every key of these gateway sessions (their records read in one MGET). `scan`: also
+    trajectories saved under other builders' names than the two in `Keys.gateway_session_keys`
+    (a SCAN of the whole keyspace per session: `polar-mq gc` and the API's export do it, the
+    janitor's pass does not)."""
+    found: list[str] = []
+    blobs = [replies.blob(b) for b in r.mget([keys.gateway_session(s) for s in gw_sids])] if gw_sids else []
+    for gw_sid, blob in zip(gw_sids, blobs):
+        found.extend(keys.gateway_session_keys(gw_sid))
+        if not blob:  # never created (a session without a judge) or gone: no scan for its trajectories
+            continue
+        found.append(keys.gateway_key(GatewaySession.from_dict(unpack(blob)).key))
+        if scan:
+            found.extend(k.decode() for k in r.scan_iter(match=f"{keys.trajectory(gw_sid, '*')}", count=1000))
     return found
 
 
@@ -83,13 +91,12 @@ def owned_keys(r: redis.Redis, keys: Keys, task_id: str,
     one Redis for both (`gw` None or the same client) the second list is empty."""
     gw_client = gw if gw is not None else r
     pipeline_found = list(keys.task_keys(task_id))
-    gateway_found: list[str] = []
+    gw_sids: list[str] = []
     for rec in _sessions(r, keys, task_id):
         pipeline_found.extend(keys.session_keys(rec.session_id))
-        gw_ids = ([rec.gateway_session_id] + list((rec.stats or {}).get("abandoned_gateway_sessions") or [])
-                  + [judge_session_id(rec.session_id)])
-        for gw_sid in dict.fromkeys(g for g in gw_ids if g):
-            gateway_found.extend(_gateway_keys(gw_client, keys, gw_sid, scan))
+        gw_sids += ([rec.gateway_session_id] + list((rec.stats or {}).get("abandoned_gateway_sessions") or [])
+                    + [judge_session_id(rec.session_id)])
+    gateway_found = _gateway_keys_of(gw_client, keys, list(dict.fromkeys(g for g in gw_sids if g)), scan)
     if gw is None or gw is r:
         return _existing(r, pipeline_found + gateway_found), []
     return _existing(r, pipeline_found), _existing(gw, gateway_found)
@@ -183,9 +190,17 @@ def _forget(r: redis.Redis, keys: Keys, task_ids: list[str]) -> None:
 def drop_task(r: redis.Redis, keys: Keys, task_id: str, gw: redis.Redis | None = None, scan: bool = True) -> int:
     """Delete every key the task owns now (both Redis servers) and take it out of the indexes;
     returns how many keys were deleted. The one way a task is removed (`gc --delete`, the janitor)."""
-    n = expire_task(r, keys, task_id, 0, gw, scan)
+    here, there = owned_keys(r, keys, task_id, gw, scan)
+    _expire(r, here, 0)
+    g = gw if gw is not None else r
+    if there:
+        _expire(g, there, 0)
+    prefix = keys.gateway_session("")
+    gone_sessions = [k[len(prefix):] for k in here + there if k.startswith(prefix)]
+    if gone_sessions:  # out of the sessions index too (no orphan check for them later)
+        g.zrem(keys.gateway_sessions_index(), *gone_sessions)
     _unindex(r, keys, [task_id])
-    return n
+    return len(here) + len(there)
 
 
 @dataclass
