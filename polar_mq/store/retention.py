@@ -18,8 +18,8 @@ The janitor collects on its own (`collect`, run by tasks/worker/retention_sweep.
 than the retention ago, are deleted with every key they own; (b) orphan gateway sessions (no task
 of the pipeline owns them: created directly with `POST /sessions`, or their task is gone) idle
 longer than the retention are deleted with every key they own. `polar-mq gc` runs the same two
-steps by hand (`gc` and `collect_orphan_sessions`); `drop_task` and `collect_session` are the one
-way a task or a gateway session is removed. A task's rubric judge session (`judge_session_id`)
+steps by hand (`gc` and `collect_orphan_sessions`); `drop_task` and `collect_orphan_sessions` are
+the one way a task or an orphan gateway session is removed. A task's rubric judge session (`judge_session_id`)
 is the task's: it expires and is collected with it. Guarded by tests/store/test_retention.py and
 tests/pipeline/test_janitor_retention.py.
 """
@@ -329,9 +329,10 @@ def collect(r: redis.Redis, keys: Keys, *, retention: float, now: float | None =
             elif exported or acked_at is not None or ttl >= 0 or finished_at is None:
                 continue  # expiring on its own, or not finished
             elif float(finished_at) <= cutoff:
-                out.tasks.append(t)
-                if not dry_run:
-                    out.keys += drop_task(r, keys, t, gw, scan=False)
+                n = 1 if dry_run else drop_task(r, keys, t, gw, scan=False)
+                if n:  # 0: another pass (one that outlived its lock) took it first
+                    out.tasks.append(t)
+                    out.keys += 0 if dry_run else n
     out.index_dropped = len(gone)
     if not dry_run:
         _forget(r, keys, gone)
