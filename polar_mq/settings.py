@@ -197,6 +197,8 @@ class PipelineSettings:
     postrun_wait: float = 30.0  # postrun waits this long for the session's calls still in flight
     keep_workdirs: bool = False  # keep each session's work dir and HOME after postrun (logs stay)
     retention_seconds: float = 7 * 24 * 3600.0  # a finished task's Redis data lives this long after export/ack
+    # The janitor collects unexported finished tasks and orphan gateway sessions this often (0: never).
+    retention_sweep_interval: float = 300.0
     orphan_scan_interval: float = 60.0  # workers look for runtimes a dead worker left (at start, then this often; 0: start only)
     # This host's name in the cluster (POLAR_NODE, default the hostname): runtimes are stamped with
     # it and a session's run/postrun go to the per-node queues `run@NODE` / `postrun@NODE`.
@@ -240,6 +242,7 @@ class PipelineSettings:
         s.postrun_wait = _env_float("POLAR_POSTRUN_WAIT", s.postrun_wait)
         s.keep_workdirs = env.get("POLAR_KEEP_WORKDIRS", "0").lower() in ("1", "true", "yes")
         s.retention_seconds = _env_float("POLAR_RETENTION_SECONDS", s.retention_seconds)
+        s.retention_sweep_interval = _env_float("POLAR_RETENTION_SWEEP_SECONDS", s.retention_sweep_interval)
         s.orphan_scan_interval = _env_float("POLAR_ORPHAN_SCAN_INTERVAL", s.orphan_scan_interval)
         s.node = env.get("POLAR_NODE") or s.node
         s.allow_local_exec = env.get("POLAR_ALLOW_LOCAL_EXEC", "").lower() in ("1", "true", "yes")

@@ -58,6 +58,8 @@ def metrics() -> Response:
             lines.append(f"{name}{labels} {_fmt(value)}")
 
     counters = c.store.counters()
+    for key in retention.COUNTERS:  # the janitor's collection, shown from 0
+        counters.setdefault(key, 0.0)
     for key in sorted(counters):
         name = f"polar_mq_{_metric_name(key)}_total"
         metric(name, "counter", f"pipeline counter {key}", [("", counters[key])])

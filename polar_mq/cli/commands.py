@@ -150,7 +150,13 @@ def _gc(args: argparse.Namespace) -> int:
     report = retention.gc(r, Keys(), older_than=args.older_than,
                           retention=args.retention if args.retention is not None else settings.retention_seconds,
                           delete=args.delete, sessions_dir=settings.sessions_dir, dry_run=args.dry_run, gw=gw)
-    print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}))
+    # orphan gateway sessions idle longer than --older-than: the janitor's step, by hand
+    indexed = 0 if args.dry_run else retention.index_gateway_sessions(gw if gw is not None else r, Keys())
+    sessions, nkeys = retention.collect_orphan_sessions(
+        r, Keys(), idle=args.older_than, gw=gw, dry_run=args.dry_run, limit=1_000_000,
+        ttl=0 if args.delete else (args.retention if args.retention is not None else settings.retention_seconds))
+    print(json.dumps({**report.to_dict(), "orphan_sessions": len(sessions), "orphan_keys": nkeys,
+                      "sessions_indexed": indexed, "dry_run": args.dry_run}))
     return 0
 
 
@@ -228,12 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--dev", action="store_true", help="no tokens: every service open (local development only)")
     up.set_defaults(func=_up)
 
-    gc = sub.add_parser("gc", help="expire finished tasks' Redis data and prune their session dirs")
+    gc = sub.add_parser("gc", help="expire finished tasks' Redis data and orphan gateway sessions, prune "
+                        "their session dirs (the janitor does this on its own: POLAR_RETENTION_SECONDS)")
     gc.add_argument("--redis", help="Redis URL (default $POLAR_REDIS_URL)")
     gc.add_argument("--gateway-redis", metavar="URL",
                     help="the gateway's Redis when it has its own (default $POLAR_GATEWAY_REDIS_URL)")
     gc.add_argument("--older-than", type=float, default=86400.0, metavar="SECONDS",
-                    help="finished tasks created longer ago than this (default 1 day) get their TTL")
+                    help="finished tasks created longer ago than this (default 1 day), and gateway sessions "
+                    "of no task idle that long, get their TTL")
     gc.add_argument("--retention", type=float, metavar="SECONDS",
                     help="the TTL to give them (default $POLAR_RETENTION_SECONDS, 7 days)")
     gc.add_argument("--delete", action="store_true", help="delete those tasks now instead of expiring them")

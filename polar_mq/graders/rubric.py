@@ -25,6 +25,7 @@ from typing import Any
 import requests
 
 from polar_mq.model import Trajectory
+from polar_mq.store.retention import judge_session_id
 from polar_mq.graders.base import Grade, GradeContext, Grader, InfraError
 
 TRANSCRIPT_CHARS = 24_000  # the tail of the conversation the judge reads
@@ -146,7 +147,7 @@ class RubricGrader(Grader):
             raise InfraError("no gateway to reach a judge through (the pipeline grades with one)")
         task = context.task
         model = self.judge_model or (task.agent.model if task is not None else "policy")
-        judge_sid = f"{context.session_id}.judge"
+        judge_sid = judge_session_id(context.session_id)  # the task's retention covers it (store/retention.py)
         messages = judge_messages(self.rubric, self.criteria, task.instruction if task is not None else "",
                                   transcript(trajectory), trajectory.status)
         sampling = {"temperature": 0.0, "seed": self.seed}

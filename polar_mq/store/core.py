@@ -57,6 +57,11 @@ class Keys:
         """Set when nobody wants the session's generations any more: the gateway aborts them."""
         return f"{self.prefix}:gw:cancel:{session_id}"
 
+    def gateway_sessions_index(self) -> str:
+        """ZSET gateway session id -> the last activity the janitor knows of (created_at at
+        first): where the janitor finds gateway sessions idle past the retention (retention.py)."""
+        return f"{self.prefix}:gw:sessions"
+
     def gateway_session_keys(self, session_id: str) -> list[str]:
         """Every key of one gateway session except its key -> id mapping (which needs the key)."""
         return [self.gateway_session(session_id), self.calls(session_id), self.call_chunks(session_id),
@@ -269,11 +274,13 @@ class KnownChunks:
             return self._by_session.pop(session_id, default)
 
 
-# KEYS: session record, key mapping of the new key. ARGV: record, session id.
-# Answers nil when created, else the record that already exists (its key mapping untouched).
+# KEYS: session record, key mapping of the new key, the sessions index. ARGV: record, session
+# id, created_at. Answers nil when created, else the record that already exists (its key mapping
+# untouched).
 _CREATE_SESSION = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
   return false
 end
 return redis.call('GET', KEYS[1])
@@ -326,8 +333,9 @@ class GatewayStore:
         # One round trip (was three: GET, SET NX, SET key): NX on the session record makes
         # concurrent creations of one id agree on a single key, and its key mapping is written in
         # the same step, so a session is never stored without it.
-        existing = self._create(keys=[self.keys.gateway_session(session_id), self.keys.gateway_key(session.key)],
-                                args=[pack(session.to_dict()), session_id])
+        existing = self._create(keys=[self.keys.gateway_session(session_id), self.keys.gateway_key(session.key),
+                                      self.keys.gateway_sessions_index()],
+                                args=[pack(session.to_dict()), session_id, session.created_at])
         if existing is not None:
             return GatewaySession.from_dict(unpack(existing)), False
         return session, True

@@ -470,6 +470,14 @@ class PipelineStore:
     def record_callback(self, task_id: str, delivery_id: str, state: dict[str, Any]) -> None:
         """The delivery state of one callback (delivered | retrying | dead_letter), for the status."""
         self.r.hset(self.keys.task_callbacks(task_id), delivery_id, json.dumps(state))
+        self._follow_task_ttl(task_id, self.keys.task_callbacks(task_id))
+
+    def _follow_task_ttl(self, task_id: str, key: str) -> None:
+        """A key of a task written after its export or ack (a late callback) expires with the task
+        (store/retention.py): no key outlives its task. tests/pipeline/test_janitor_retention.py."""
+        ttl = int(self.r.pttl(self.keys.task(task_id)))
+        if ttl > 0:
+            self.r.pexpire(key, ttl)
 
     def callbacks(self, task_id: str) -> list[dict[str, Any]]:
         raw = self.r.hgetall(self.keys.task_callbacks(task_id))
@@ -478,4 +486,7 @@ class PipelineStore:
 
     def mark_callback_sent(self, task_id: str) -> bool:
         """True the first time only: the task callback fires once even if two sessions race."""
-        return bool(self.r.set(self.keys.callbacks_done(task_id), time.time(), nx=True))
+        first = bool(self.r.set(self.keys.callbacks_done(task_id), time.time(), nx=True))
+        if first:
+            self._follow_task_ttl(task_id, self.keys.callbacks_done(task_id))
+        return first

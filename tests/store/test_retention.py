@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import redis
@@ -183,3 +184,81 @@ def test_retention_and_gc_reach_the_gateways_own_redis(split_env):
     assert out["deleted"] >= 2 and "gateway_freed_bytes" in out
     assert not any(g.exists(k) for k in there2)
     assert retention.task_keys(r, keys, tid2, g) == []
+
+
+def test_gc_collects_orphan_gateway_sessions_by_hand(env):
+    """`polar-mq gc` runs the janitor's orphan step by hand (retention.collect_orphan_sessions), and
+    puts sessions the index does not know (made before it existed) into it first."""
+    p, gateway, api, r = env
+    keys = Keys()
+    made = requests.post(f"{gateway.url}/sessions", json={}, headers=AUTH, timeout=10).json()
+    sid = made["session_id"]
+    resp = requests.post(f"{made['base_urls']['openai']}/chat/completions", timeout=30,
+                         headers={"Authorization": f"Bearer {made['key']}"},
+                         json={"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert resp.status_code == 200
+    tid, recs = run_task(p, 1)  # a finished task: its gateway session is the task's, never an orphan
+    r.zrem(keys.gateway_sessions_index(), sid)  # as if made before the index existed
+    cmd = [sys.executable, "-m", "polar_mq.cli", "gc", "--redis", gateway.redis_url, "--older-than", "0"]
+    out = json.loads(subprocess.run(cmd + ["--retention", "900"], capture_output=True, text=True, cwd=ROOT,
+                                    check=True, env={**p.env}).stdout)
+    mine = [k.decode() for k in r.scan_iter(count=1000) if sid in k.decode() or made["key"] in k.decode()]
+    assert {keys.gateway_session(sid), keys.gateway_key(made["key"]), keys.calls(sid)} <= set(mine)
+    assert out["sessions_indexed"] >= 1 and out["orphan_sessions"] >= 1 and out["orphan_keys"] >= len(mine), out
+    assert all(0 < r.ttl(k) <= 900 for k in mine), {k: r.ttl(k) for k in mine}
+    task_gw = recs[0].gateway_session_id
+    assert r.exists(keys.calls(task_gw)) and r.ttl(keys.gateway_session(task_gw)) > 800  # the task's TTL, from gc
+    subprocess.run(cmd + ["--delete"], capture_output=True, text=True, cwd=ROOT, check=True, env={**p.env})
+    assert not any(sid in k.decode() or made["key"] in k.decode() for k in r.scan_iter(count=1000))
+    assert r.zscore(keys.gateway_sessions_index(), sid) is None
+
+
+def test_late_task_keys_follow_the_tasks_ttl_and_gone_tasks_leave_nothing():
+    """A callback's state written after the export gets the task's TTL; once a task's record is
+    gone, the janitor's pass drops its index entries and task-level leftovers, but a task created
+    again under the same id keeps everything."""
+    from polar_mq.store.pipeline import PipelineStore
+    from polar_mq.store.core import connect
+
+    server = start_embedded()
+    try:
+        store = PipelineStore(connect(server.url))
+        r, keys = store.r, store.keys
+        r.set(keys.task("t-late"), b"x", ex=500)  # exported: the task expires in 500 s
+        store.record_callback("t-late", "d1", {"state": "delivered"})
+        assert store.mark_callback_sent("t-late")
+        assert 0 < r.ttl(keys.task_callbacks("t-late")) <= 500 and 0 < r.ttl(keys.callbacks_done("t-late")) <= 500
+        # t-gone: its record expired, a late key and its index entries stayed; t-back: same story,
+        # but the id was submitted again meanwhile (its record exists): untouched.
+        for t in ("t-gone", "t-back"):
+            r.zadd(keys.task_index(), {t: 1.0})
+            r.zadd(keys.groups_pending(), {t: 1.0})
+            r.hset(keys.task_callbacks(t), "d", "{}")
+        r.set(keys.task("t-back"), b"again")
+        got = retention.collect(r, keys, retention=60)
+        assert got.index_dropped == 1 and got.tasks == []
+        assert not r.exists(keys.task_callbacks("t-gone")) and r.zscore(keys.task_index(), "t-gone") is None
+        assert r.zscore(keys.groups_pending(), "t-gone") is None
+        assert r.exists(keys.task_callbacks("t-back")) and r.zscore(keys.task_index(), "t-back") == 1.0
+        retention._forget(r, keys, ["t-back"])  # seen gone, then created again before the delete
+        assert r.exists(keys.task_callbacks("t-back")) and r.zscore(keys.task_index(), "t-back") == 1.0
+    finally:
+        server.stop()
+
+
+def test_janitor_pass_reaches_the_gateways_own_redis(split_env):
+    """With POLAR_GATEWAY_REDIS_URL the janitor's pass finds orphan sessions in the gateway's Redis
+    and asks the pipeline's whether their task exists."""
+    p, api, r, g = split_env
+    keys = Keys()
+    gw_url = p.gateway_url
+    orphan = requests.post(f"{gw_url}/sessions", json={}, headers=AUTH, timeout=10).json()
+    owned = requests.post(f"{gw_url}/sessions", json={"task_id": "split-live"}, headers=AUTH, timeout=10).json()
+    r.set(keys.task("split-live"), b"x")  # a task of the pipeline (its Redis, not the gateway's)
+    try:
+        got = retention.collect(r, keys, retention=5, now=time.time() + 10, gw=g)
+        assert orphan["session_id"] in got.sessions and owned["session_id"] not in got.sessions
+        assert not g.exists(keys.gateway_session(orphan["session_id"])) and not g.exists(keys.gateway_key(orphan["key"]))
+        assert g.exists(keys.gateway_session(owned["session_id"])) and g.exists(keys.gateway_key(owned["key"]))
+    finally:
+        r.delete(keys.task("split-live"))

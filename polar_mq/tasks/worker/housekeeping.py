@@ -1,5 +1,5 @@
 """The worker's housekeeping threads: the janitor's loop (lost messages, held messages, orphaned
-containers, and once a second the host watch) and this node's heartbeat. Apart from janitor.py
+containers, and once a second the host watch), its retention pass and this node's heartbeat. Apart from janitor.py
 (what a sweep does) and host_loss.py (when a node counts as lost), which both build on janitor's
 helpers: no cycle between them (tests/pipeline/test_layout.py)."""
 
@@ -14,6 +14,7 @@ from polar_mq.tasks.worker.host_loss import STALL, HostWatch, beat_interval, che
 from polar_mq.tasks.worker.janitor import sweep
 from polar_mq.tasks.worker.leftovers import tear_down_leftovers
 from polar_mq.tasks.worker.recovery import restore_held_messages
+from polar_mq.tasks.worker.retention_sweep import run_pass as retention_pass
 
 log = logging.getLogger("polar_mq.janitor")
 
@@ -56,6 +57,26 @@ def start_janitor(ctx: StageContext, stop: threading.Event | None = None) -> thr
                 log.exception("janitor sweep failed")
 
     thread = threading.Thread(target=loop, name="polar-janitor", daemon=True)
+    thread.start()
+    start_retention(ctx, stop)
+    return thread
+
+
+def start_retention(ctx: StageContext, stop: threading.Event) -> threading.Thread | None:
+    """The retention pass (retention_sweep.py) in a thread of its own: a long pass never delays
+    the host watch. First pass one interval after start."""
+    interval = ctx.settings.retention_sweep_interval
+    if interval <= 0:
+        return None
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                retention_pass(ctx)
+            except Exception:
+                log.exception("retention pass failed")
+
+    thread = threading.Thread(target=loop, name="polar-retention", daemon=True)
     thread.start()
     return thread
 
