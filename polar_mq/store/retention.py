@@ -39,6 +39,7 @@ from polar_mq.store import replies
 from polar_mq._io.cleanup import prune_task_dirs
 from polar_mq.model import GatewaySession, SessionRecord
 from polar_mq.store.core import Keys, unpack
+from polar_mq.store.lost_calls import LostCalls
 
 
 def judge_session_id(session_id: str) -> str:
@@ -375,6 +376,8 @@ def collect_orphan_sessions(r: redis.Redis, keys: Keys, *, idle: float, now: flo
     nkeys = 0
     for raw in g.zrangebyscore(index, "-inf", now - idle, start=0, num=limit):
         sid = replies.text(raw) or ""
+        if g.hlen(keys.session_inflight(sid)):
+            LostCalls(g, keys).reap(sid)  # calls of a dead gateway process end as records first
         watched = [keys.gateway_session(sid), keys.calls(sid), keys.session_inflight(sid)]
         with g.pipeline(transaction=True) as pipe:
             try:

@@ -86,3 +86,28 @@ def test_entries_without_a_gateway_are_never_judged(redis_url):
     sid = store.create_session("s-old")[0].session_id
     store.r.hset(store.keys.session_inflight(sid), "call-old", repr(time.time()))
     assert store.inflight_calls(sid) == 1 and store.calls(sid) == []
+
+
+def test_the_janitor_ends_a_dead_gateways_call_of_an_orphan_session(redis_url):
+    """An orphan session (no task) whose only call was in flight on a gateway process that died: the
+    janitor's orphan pass (store/retention.py collect_orphan_sessions) ends the call as its
+    `gateway_lost` record first, so the session is no longer "in use" for ever, and collects it once
+    idle; a session with a live gateway's call in flight is never collected."""
+    from polar_mq.store import retention
+
+    store = _store(redis_url)
+    pause = PauseState(store.r, store.keys)
+    dead, live = "hostB:21:cccccc", "hostB:22:dddddd"
+    pause.heartbeat(dead, {}, alive_ttl=0.2)
+    pause.heartbeat(live, {}, alive_ttl=30)
+    lost_sid = store.create_session(f"o-{uuid.uuid4().hex[:8]}")[0].session_id
+    busy_sid = store.create_session(f"o-{uuid.uuid4().hex[:8]}")[0].session_id
+    t0 = time.time()
+    Admission(store.r, store.keys, dead).enter(lost_sid, "call-dead", t0, provider="openai_chat")
+    Admission(store.r, store.keys, live).enter(busy_sid, "call-live", t0, provider="openai_chat")
+    time.sleep(0.3)
+    # without the reap its in-flight entry would keep the session "in use" for ever
+    got, _ = retention.collect_orphan_sessions(store.r, store.keys, idle=60, now=time.time() + 3600)
+    assert lost_sid in got and not store.r.exists(store.keys.gateway_session(lost_sid))
+    assert busy_sid not in got and store.r.exists(store.keys.gateway_session(busy_sid))
+    assert store.r.hlen(store.keys.session_inflight(busy_sid)) == 1
