@@ -135,6 +135,7 @@ def generate(out_dir: Path, *, host: str = "127.0.0.1", port: int = 6379, db: in
              "# Give each host only its role's line(s); the hub host runs Redis with users.acl."]
     lines += [f"{env_name(r)}={passwords[r]}" for r in roles]
     lines += [f"{url_env_name(r)}={urls[r]}" for r in ROLES]
+    lines.append(f"POLAR_REDIS_ACL_FILE={acl.resolve()}")  # compose/hub.yml mounts it into redis
     _write(env_file, "\n".join(lines) + "\n", 0o600)
     return Generated(acl_file=acl, env_file=env_file, passwords=passwords, urls=urls)
 
