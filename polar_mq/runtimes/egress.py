@@ -213,13 +213,14 @@ def bridge_ifname(network: str) -> str:
     return (network.replace("_", "-")[:13] + "0")[:15]
 
 
-def iptables_rules(bridge: str, blocked: list[str]) -> list[list[str]]:
+def iptables_rules(bridge: str, blocked: list[str], docker_user: bool = False) -> list[list[str]]:
     """iptables argv lists (after `iptables`) that make the blocked networks unreachable from
-    `bridge`: the chain, a REJECT per network, and jumps from INPUT (the host itself) and FORWARD."""
+    `bridge`: the chain, a REJECT per network, and jumps from INPUT (the host itself) and FORWARD,
+    and from DOCKER-USER where dockerd manages iptables (its FORWARD rules come first)."""
     rules = [["-N", CHAIN], ["-F", CHAIN]]
     for net in blocked:
         rules.append(["-A", CHAIN, "-d", net, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"])
-    for chain in ("INPUT", "FORWARD"):
+    for chain in ("INPUT", "FORWARD") + (("DOCKER-USER",) if docker_user else ()):
         rules.append(["-D", chain, "-i", bridge, "-j", CHAIN])  # idempotent: at most one jump
         rules.append(["-I", chain, "1", "-i", bridge, "-j", CHAIN])
     return rules
@@ -230,8 +231,22 @@ def enforce_docker(bridge: str, blocked: list[str]) -> str | None:
     iptables = shutil.which("iptables")
     if os.geteuid() != 0 or iptables is None:
         return "not root or no iptables: the hub's addresses are not blocked for docker sandboxes"
-    for rule in iptables_rules(bridge, blocked):
+    docker_user = subprocess.run([iptables, "-w", "-S", "DOCKER-USER"], capture_output=True).returncode == 0
+    for rule in iptables_rules(bridge, blocked, docker_user):
         got = subprocess.run([iptables, "-w", *rule], capture_output=True, text=True, timeout=30)
         if got.returncode != 0 and rule[0] not in ("-N", "-D"):
             return f"iptables {' '.join(rule)}: {got.stderr.strip()}"
     return None
+
+
+def remove_docker_rules(bridge: str) -> None:
+    """Undo enforce_docker for `bridge` (the jumps; the chain goes once nothing jumps to it)."""
+    iptables = shutil.which("iptables")
+    if iptables is None:
+        return
+    for chain in ("INPUT", "FORWARD", "DOCKER-USER"):
+        while subprocess.run([iptables, "-w", "-D", chain, "-i", bridge, "-j", CHAIN],
+                             capture_output=True).returncode == 0:
+            pass
+    subprocess.run([iptables, "-w", "-F", CHAIN], capture_output=True)
+    subprocess.run([iptables, "-w", "-X", CHAIN], capture_output=True)

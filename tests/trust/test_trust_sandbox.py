@@ -217,3 +217,53 @@ def test_bwrap_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, gat
                   env={"OPENAI_BASE_URL": sess["base_urls"]["openai"], "PROBE_TARGETS": json.dumps(targets)})
     shared = _probe_result(log)
     assert shared["redis_host"].startswith("CONNECTED") and shared["api_loopback"].startswith("CONNECTED"), shared
+
+
+def test_docker_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, gateway, tmp_path, monkeypatch):
+    """docker + allow_internet: a bridge network (not the host's), the gateway bridged into the
+    container, and the POLAR-EGRESS iptables chain rejecting the hub's addresses; without that
+    chain the same container reaches the hub on the host's address (the control)."""
+    from tests.support.docker_engine import start_engine
+    from polar_mq.runtimes import egress
+    from polar_mq.runtimes.docker import DockerRuntime
+    from polar_mq.runtimes.netbridge import sandbox_urls
+    from polar_mq.taskspec import RuntimeSpec
+
+    eng, why = start_engine()
+    if eng is None:
+        pytest.skip(f"no Docker engine: {why}")
+    network = f"pe{uuid.uuid4().hex[:6]}"
+    bridge = egress.bridge_ifname(network)
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    was = forward.read_text().strip()
+    rt = handle = None
+    try:
+        forward.write_text("1\n")  # the host routes the bridge to the "outside" (dockerd runs --ip-forward=false)
+        for k, v in {**eng.env(), "POLAR_DOCKER_EGRESS_NETWORK": network, "POLAR_REDIS_URL": egress_hub["redis_url"],
+                     "POLAR_API_URL": egress_hub["api_url"]}.items():
+            monkeypatch.setenv(k, v)
+        targets = _egress_targets(egress_hub)
+        sess = gateway.new_session()
+        rt = DockerRuntime(eng.client())
+        handle = rt.start(RuntimeSpec(backend="docker", image=eng.image, allow_internet=True), tmp_path / "s",
+                          "egress-docker")
+        handle = handle.updated(gateway_urls=list(sess["base_urls"].values()))
+        assert handle.network == network and rt.bridges_gateway(handle)
+        log = tmp_path / "probe.log"
+        env = {"OPENAI_BASE_URL": sandbox_urls(sess["base_urls"])["openai"], "PROBE_TARGETS": json.dumps(targets)}
+        res = rt.exec(handle, [sys.executable, str(EGRESS_PROBE)], timeout=90, log_path=log, env=env)
+        assert res.exit_code == 0, res.output_tail
+        _assert_egress(_probe_result(log))
+        egress.remove_docker_rules(bridge)  # the control
+        rt.exec(handle, [sys.executable, str(EGRESS_PROBE)], timeout=90, log_path=log, env=env)
+        assert _probe_result(log)["redis_host"].startswith("CONNECTED"), _probe_result(log)
+    finally:
+        forward.write_text(was + "\n")
+        if handle is not None:
+            rt.stop(handle)
+        egress.remove_docker_rules(bridge)
+        try:
+            eng.client().networks.get(network).remove()
+        except Exception:  # noqa: BLE001 - the engine goes next anyway
+            pass
+        eng.stop()
