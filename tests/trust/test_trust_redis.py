@@ -217,6 +217,7 @@ def test_every_role_with_the_wrong_user_or_none_says_so(acl_redis, tmp_path):
     _refusals(acl_redis, tmp_path, noperm=["worker", "hub"], noauth=["worker", "gateway", "hub"])
 
 
+@pytest.mark.full
 def test_roles_speak_tls_to_a_redis_with_the_generated_ca(tmp_path, model_server, log_dir):
     """`polar-mq redis-acl --tls`: redis-server on its TLS port only, with the ACL file; the
     hub's Celery producer, a worker's store and the gateway (its own wire client) all work over
