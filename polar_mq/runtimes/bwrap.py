@@ -113,7 +113,7 @@ class BwrapRuntime(LocalRuntime):
                               allow_internet=bool(spec.allow_internet), gpus=spec.gpus or 0)
 
     def argv(self, handle: RuntimeHandle, command: list[str], bridges: list[tuple[str, int, str]],
-             net_fds: tuple[int, int] | None = None) -> list[str]:
+             net_fds: tuple[int, int] | None = None, resolv: str | None = None) -> list[str]:
         """The bwrap command line for `command` (bridges: (host, port, host socket dir); net_fds:
         (info fd, block fd) of a sandbox that waits for its user-mode network, egress.SlirpNet)."""
         sdir = handle.session_dir
@@ -130,6 +130,8 @@ class BwrapRuntime(LocalRuntime):
         for path in hidden_host_paths():  # tokens, other sessions' dirs and keys, daemons' sockets
             if path != sdir:
                 argv += ["--tmpfs", path]
+        if resolv:  # slirp4netns's DNS, where the host's resolv.conf points (maybe under the hidden /run)
+            argv += ["--ro-bind", resolv, os.path.realpath("/etc/resolv.conf")]
         argv += ["--bind", sdir, sdir]
         cwd = handle.cwd or handle.workdir
         if cwd != handle.workdir:
@@ -166,6 +168,7 @@ class BwrapRuntime(LocalRuntime):
                                             guard))
                     bridges.append((fw.listen_host, fw.port, tmp))
             net_fds = None
+            resolv = None
             start = on_start
             if handle.allow_internet and not self.shares_host_net(handle):
                 if egress.slirp_path() is None:
@@ -177,6 +180,12 @@ class BwrapRuntime(LocalRuntime):
                 fds += [info_r, info_w, block_r, block_w]
                 net_fds = (info_w, block_r)
                 blocked = egress.blocked_networks(handle.gateway_urls)
+                if tmp is None:
+                    tmp = tempfile.mkdtemp(prefix="polar-gw-")
+                resolv = os.path.join(tmp, "resolv.conf")
+                with open(resolv, "w") as fh:
+                    fh.write(f"nameserver {egress.SLIRP_DNS}\n")
+                os.chmod(resolv, 0o644)
 
                 def start(info: dict[str, Any]) -> None:
                     os.close(info_w)  # bwrap holds its ends now: EOF once it is gone
@@ -187,7 +196,7 @@ class BwrapRuntime(LocalRuntime):
                     os.write(block_w, b"1")  # the network is ready: the command may start
                     if on_start:
                         on_start(info)
-            return supervise(self.argv(handle, cmd, bridges, net_fds), cwd=handle.workdir,
+            return supervise(self.argv(handle, cmd, bridges, net_fds, resolv), cwd=handle.workdir,
                              env=base_env(handle, env), timeout=timeout, log_path=log_path,
                              should_stop=should_stop, on_start=start, heartbeat=heartbeat,
                              pass_fds=net_fds or ())

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 log = logging.getLogger("polar_mq.runtimes.egress")
 
 METADATA = "169.254.0.0/16"
+SLIRP_DNS = "10.0.2.3"  # slirp4netns's resolver: it asks the host's, from the host's stack
 CHAIN = "POLAR-EGRESS"
 
 

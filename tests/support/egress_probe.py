@@ -34,4 +34,8 @@ except urllib.error.HTTPError as exc:
     out["own_chat"] = exc.code
 except OSError as exc:
     out["own_chat"] = f"unreachable: {exc}"
+try:
+    out["resolv"] = open("/etc/resolv.conf").read().strip()
+except OSError as exc:
+    out["resolv"] = f"unreadable: {exc}"
 print("PROBE " + json.dumps(out), flush=True)

@@ -207,7 +207,9 @@ def test_bwrap_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, gat
                   env={"OPENAI_BASE_URL": sandbox_urls(sess["base_urls"])["openai"],
                        "PROBE_TARGETS": json.dumps(targets)})
     assert res.exit_code == 0, res.output_tail
-    _assert_egress(_probe_result(log))
+    got = _probe_result(log)
+    _assert_egress(got)
+    assert got["resolv"] == "nameserver 10.0.2.3", got  # names resolve through slirp4netns
     assert len(gateway.calls(sess["session_id"])) == 1
     # The control: the operator's opt-out (the host network) reaches the hub, so the refusals
     # above are the sandbox's doing.
