@@ -269,3 +269,26 @@ def test_docker_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, ga
         except Exception:  # noqa: BLE001 - the engine goes next anyway
             pass
         eng.stop()
+
+
+@pytest.mark.full
+def test_a_session_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, gateway, tmp_path):
+    """The same through the stages: a task with allow_internet under bwrap, run by real pools;
+    the harness is handed the forwarded gateway URLs (stages.py, bridges_gateway)."""
+    from tests.support.pipeline import agent_task, make_pipeline
+
+    targets = _egress_targets(egress_hub)
+    p = make_pipeline(gateway, tmp_path, POLAR_API_URL=egress_hub["api_url"])
+    try:
+        for stage in ("init", "run", "postrun"):
+            p.start_worker(stage, 1)
+        _, sids = p.submit(agent_task(num_samples=1, runtime={
+            "backend": "bwrap", "allow_internet": True, "keep_workdir": True,
+            "env": {"PROBE_TARGETS": json.dumps(targets), "PROBE_OUT": "probe.json"}},
+            agent={"harness": "shell", "model": "policy",
+                   "options": {"command": [sys.executable, str(EGRESS_PROBE)]}}))
+        [rec] = p.wait(sids, timeout=120)
+        assert rec.state == "COMPLETED", rec.error
+        _assert_egress(json.loads(Path(rec.runtime.workdir, "probe.json").read_text()))
+    finally:
+        p.stop()
