@@ -30,6 +30,7 @@ ports refused on loopback and on the host's address, the gateway and an "outside
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import logging
@@ -45,6 +46,7 @@ log = logging.getLogger("polar_mq.runtimes.egress")
 METADATA = "169.254.0.0/16"
 SLIRP_DNS = "10.0.2.3"  # slirp4netns's resolver: it asks the host's, from the host's stack
 CHAIN = "POLAR-EGRESS"
+NS_GET_USERNS = 0xB701  # ioctl: the user namespace owning a namespace (linux/nsfs.h)
 
 
 def host_network_allowed() -> bool:
@@ -143,15 +145,22 @@ class SlirpNet:
         if binary is None:
             raise RuntimeError("runtime.allow_internet under bwrap needs slirp4netns (apt-get install "
                                "slirp4netns): without it the sandbox would share the host network")
-        own_userns = os.readlink("/proc/self/ns/user")
-        in_userns = os.readlink(f"/proc/{pid}/ns/user") != own_userns
+        # The user namespace that OWNS the sandbox's netns (unprivileged bwrap nests a second one
+        # inside it, where joining the netns is refused): NS_GET_USERNS on the netns itself.
+        self._fds: list[int] = []
+        net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        self._fds.append(net_fd)
+        user_fd = fcntl.ioctl(net_fd, NS_GET_USERNS)
+        self._fds.append(user_fd)
+        in_userns = os.fstat(user_fd).st_ino != os.stat("/proc/self/ns/user").st_ino
         exit_r, self._exit_w = os.pipe()
         ready_r, ready_w = os.pipe()
         args = [binary, "--configure", "--mtu=65520", "--disable-host-loopback",
-                f"--exit-fd={exit_r}", f"--ready-fd={ready_w}"]
+                f"--exit-fd={exit_r}", f"--ready-fd={ready_w}", "--netns-type=path"]
         if in_userns:
-            args.append(f"--userns-path=/proc/{pid}/ns/user")
-        self.proc = subprocess.Popen(args + [str(pid), "tap0"], pass_fds=(exit_r, ready_w),
+            args.append(f"--userns-path=/proc/self/fd/{user_fd}")
+        self.proc = subprocess.Popen(args + [f"/proc/self/fd/{net_fd}", "tap0"],
+                                     pass_fds=(exit_r, ready_w, net_fd, user_fd),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         os.close(exit_r)
         os.close(ready_w)
@@ -160,10 +169,12 @@ class SlirpNet:
                 if ready.read(1) != b"1":
                     err = self.proc.stderr.read().decode(errors="replace")[-500:] if self.proc.stderr else ""
                     raise RuntimeError(f"slirp4netns could not configure the sandbox's network: {err}")
-            enter = ["nsenter", "-t", str(pid)] + (["-U", "--preserve-credentials"] if in_userns else []) + ["-n"]
+            enter = ["nsenter", f"--net=/proc/self/fd/{net_fd}"]
+            if in_userns:
+                enter += [f"--user=/proc/self/fd/{user_fd}", "--preserve-credentials"]
             batch = "".join(f"route add prohibit {net}\n" for net in blocked)
             got = subprocess.run(enter + ["ip", "-batch", "-"], input=batch, capture_output=True, text=True,
-                                 timeout=30)
+                                 timeout=30, pass_fds=(net_fd, user_fd))
             if got.returncode != 0:
                 raise RuntimeError(f"cannot block the hub's addresses in the sandbox: {got.stderr.strip()}")
         except BaseException:
@@ -171,10 +182,12 @@ class SlirpNet:
             raise
 
     def close(self) -> None:
-        try:
-            os.close(self._exit_w)  # slirp4netns exits when its exit fd closes
-        except OSError:
-            pass
+        for fd in [self._exit_w, *self._fds]:  # slirp4netns exits when its exit fd closes
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds = []
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -210,6 +210,7 @@ def test_bwrap_with_internet_reaches_the_outside_but_not_the_hub(egress_hub, gat
     got = _probe_result(log)
     _assert_egress(got)
     assert got["resolv"] == "nameserver 10.0.2.3", got  # names resolve through slirp4netns
+    assert got["route_del"].startswith("refused"), got  # no capability to lift the blocks
     assert len(gateway.calls(sess["session_id"])) == 1
     # The control: the operator's opt-out (the host network) reaches the hub, so the refusals
     # above are the sandbox's doing.
