@@ -15,7 +15,8 @@ Roles and what each may touch (key patterns for the default prefix ``pmq``):
   "Redis ACL users"), nothing else.
 
 Every non-admin role is refused ``@dangerous`` and ``@admin`` commands (FLUSHALL, FLUSHDB, CONFIG,
-ACL, DEBUG, SHUTDOWN, MODULE, KEYS, INFO, MONITOR, ...) and ``SCRIPT FLUSH|KILL``/``FUNCTION``; the
+ACL, DEBUG, SHUTDOWN, MODULE, KEYS, MONITOR, ...) and ``SCRIPT FLUSH|KILL``/``FUNCTION``; ``hub``
+and ``worker`` keep INFO (read-only; the API's /metrics and `polar-mq gc` report memory); the
 ``default`` user is off, so a URL without credentials gets NOAUTH. The ACL file holds sha256 hashes
 of the passwords, never the passwords (``#<hex>``); the passwords and the per-role URLs go in a
 0600 env file. Tests: tests/trust/test_trust_redis.py (a real redis-server with this file, the
@@ -40,9 +41,9 @@ CELERY_KEYS = ("_kombu.*", "unacked*", "init*", "run*", "postrun*", "celery*", "
 def role_rules(role: str, prefix: str = "pmq") -> str:
     """The ACL rules (after ``user NAME on #HASH``) of one role."""
     p = prefix
-    if role in ("hub", "worker"):
+    if role in ("hub", "worker"):  # INFO: /metrics and `polar-mq gc` report Redis's memory
         keys = [f"~{p}:*", *(f"~{k}" for k in CELERY_KEYS)]
-        return " ".join(["resetchannels", "&*", *keys, "+@all", DENIED])
+        return " ".join(["resetchannels", "&*", *keys, "+@all", DENIED, "+info"])
     if role == "gateway":
         keys = [f"~{p}:gw:*", f"~{p}:traj:*", f"~{p}:hist:*", f"~{p}:metrics", f"%R~{p}:auth:*"]
         return " ".join(["resetchannels", *keys, "+@all", DENIED])

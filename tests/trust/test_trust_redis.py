@@ -169,6 +169,12 @@ def test_the_whole_pipeline_runs_on_role_users(acl_redis, model_server, log_dir,
         final = client.wait(sub["task_id"], timeout=120, poll=0.5)
         assert [s["state"] for s in final["sessions"]] == ["COMPLETED", "COMPLETED"], final
         assert len(client.results(sub["task_id"])["trajectories"]) == 2
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"},
+                               timeout=30)
+        assert metrics.status_code == 200 and "polar_mq_redis_memory_bytes" in metrics.text, metrics.text[:500]
+        gc = subprocess.run([sys.executable, "-m", "polar_mq.cli", "gc", "--redis", urls["hub"], "--dry-run"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert gc.returncode == 0, gc.stderr[-2000:]
         denied = admin.execute_command("ACL", "LOG")
         assert denied == [], denied  # no role was refused anything it needed
     finally:
