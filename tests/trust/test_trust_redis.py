@@ -273,3 +273,38 @@ def test_roles_speak_tls_to_a_redis_with_the_generated_ca(tmp_path, model_server
             stop(gw.proc)
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.full
+def test_sentinel_with_acl_users_follows_a_failover(tmp_path):
+    """`polar-mq redis-acl --sentinel`: data nodes load the ACL file and replicate as `replica`, the
+    Sentinels watch as `sentinel`; the worker's redis+sentinel:// URL works, is refused FLUSHALL,
+    and follows a failover."""
+    import time
+
+    from tests.support.sentinel import MASTER, start_sentinel_cluster
+    from polar_mq.store.redis_acl import generate
+    from polar_mq.store.redis_url import client
+
+    gen = generate(tmp_path / "acl", sentinel=True, environ={})
+    cluster = start_sentinel_cluster(tmp_path / "c", replicas=1, acl={
+        "file": str(gen.acl_file), "replica": gen.passwords["replica"], "sentinel": gen.passwords["sentinel"],
+        "admin": gen.passwords["admin"]})
+    try:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in cluster.sentinels)
+        r = client(f"redis+sentinel://worker:{gen.passwords['worker']}@{hosts}/{MASTER}/0", socket_timeout=2)
+        assert r.set("pmq:before", "1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.flushall()
+        old = cluster.kill_primary()
+        deadline = time.time() + 30
+        while True:
+            try:
+                assert r.set("pmq:after", "1") and r.get("pmq:before") == b"1"
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+                assert time.time() < deadline, "the worker's user did not follow the failover"
+                time.sleep(0.3)
+        assert cluster.primary_port() != old.port
+    finally:
+        cluster.stop()
