@@ -74,3 +74,43 @@ def test_hub_runs_on_what_polar_mq_redis_acl_writes(tmp_path):
     worker = config("worker.yml", POLAR_HUB_ADDR="10.0.0.1", POLAR_NODE="w1",
                     POLAR_REDIS_WORKER_PASSWORD=env["POLAR_REDIS_WORKER_PASSWORD"])
     assert f"redis://worker:{env['POLAR_REDIS_WORKER_PASSWORD']}@10.0.0.1:6379/0" in worker.stdout
+
+
+def test_one_host_overlays_give_every_role_its_acl_user(tmp_path):
+    """compose/acl.yml on docker-compose.yml, and sentinel-acl.yml on sentinel.yml + acl.yml: every
+    role's URL names its own user (Sentinel URLs too); data nodes load users.acl and replicate as
+    `replica`, Sentinels watch as `sentinel`; both refuse to render without redis-acl's env file."""
+    import json
+    import sys
+
+    from polar_mq.store.redis_acl import read_env_file
+    from polar_mq.store.redis_url import parse_sentinel
+
+    out = tmp_path / "redis"
+    subprocess.run([sys.executable, "-m", "polar_mq.cli", "redis-acl", "--out", str(out), "--sentinel"],
+                   check=True, cwd=ROOT, capture_output=True, timeout=60)
+    env = read_env_file(out / "redis.env")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    clean["POLAR_TOKEN_FILE"] = str(ROOT / "README.md")
+    users = {"api": "hub", "flower": "hub", "gateway": "gateway", "worker_init": "worker", "worker_run": "worker",
+             "worker_postrun": "worker"}
+    for files in (["docker-compose.yml", "acl.yml"], ["docker-compose.yml", "sentinel.yml", "acl.yml", "sentinel-acl.yml"]):
+        args = [compose_binary(), *[a for f in files for a in ("-f", str(ROOT / "compose" / f))], "config", "--format", "json"]
+        assert subprocess.run(args, capture_output=True, text=True, timeout=60, env=clean).returncode != 0
+        got = subprocess.run([args[0], "--env-file", str(out / "redis.env"), *args[1:]], capture_output=True,
+                             text=True, timeout=60, env=clean)
+        assert got.returncode == 0, got.stderr
+        services = json.loads(got.stdout)["services"]
+        for name, user in users.items():
+            url = services[name]["environment"]["POLAR_REDIS_URL"]
+            password = env[f"POLAR_REDIS_{user.upper()}_PASSWORD"]
+            if "sentinel.yml" in files:
+                p = parse_sentinel(url)
+                assert (p.username, p.password, p.master, len(p.sentinels)) == (user, password, "polar", 3), url
+            else:
+                assert url == f"redis://{user}:{password}@redis:6379/0", (name, url)
+        assert any(v["target"] == "/etc/redis/users.acl" for v in services["redis"]["volumes"])
+        if "sentinel.yml" in files:
+            for name in ("redis", "redis-replica-1", "redis-replica-2"):
+                assert "masteruser replica" in " ".join(services[name]["command"]), name
+            assert "sentinel auth-user polar sentinel" in " ".join(services["sentinel-1"]["command"])
