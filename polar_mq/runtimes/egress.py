@@ -215,11 +215,16 @@ def docker_network(client, name: str | None = None) -> str:
     from docker.errors import NotFound
 
     name = name or os.environ.get("POLAR_DOCKER_EGRESS_NETWORK") or "polar-egress"
+    from docker.errors import APIError
+
     try:
         client.networks.get(name)
     except NotFound:
-        client.networks.create(name, driver="bridge",
-                               options={"com.docker.network.bridge.name": bridge_ifname(name)})
+        try:
+            client.networks.create(name, driver="bridge", check_duplicate=True,
+                                   options={"com.docker.network.bridge.name": bridge_ifname(name)})
+        except APIError:  # another worker made it first (409): use theirs
+            client.networks.get(name)
     return name
 
 
