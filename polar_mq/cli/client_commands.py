@@ -45,7 +45,7 @@ def _serve_api(args: argparse.Namespace) -> int:
 
     if embedded:
         print(f"started embedded redis at {redact_url(url)}", flush=True)
-    elif not redis_credentials_ok(url):
+    elif not redis_credentials_ok(url, "hub"):
         return 2
 
     settings = PipelineSettings.from_env(redis_url=url)

@@ -43,7 +43,7 @@ def _gateway(args: argparse.Namespace) -> int:
     settings.redis_url, embedded = ensure_redis(args.redis or settings.redis_url)
     if embedded:
         print(f"started embedded redis at {redact_url(settings.redis_url)}", flush=True)
-    elif not redis_credentials_ok(settings.redis_url):
+    elif not redis_credentials_ok(settings.redis_url, "gateway"):
         return 2
     serve(settings, dev=args.dev, workers=args.workers)
     return 0
@@ -102,7 +102,7 @@ def _worker(args: argparse.Namespace) -> int:
     from polar_mq.tasks.app.routing import worker_queues
     from polar_mq.tasks.worker.main import app, settings
 
-    if not redis_credentials_ok(settings.redis_url):
+    if not redis_credentials_ok(settings.redis_url, "worker"):
         return 2
 
     queues = ",".join(worker_queues(args.stage, settings.node))  # shared + this node's (routing.py)
@@ -268,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.set_defaults(func=_harness)
     from polar_mq.cli.top import add_command as add_top
     add_top(sub)
+    from polar_mq.cli.redis_acl import add_command as add_redis_acl
+    add_redis_acl(sub)
     from polar_mq.deploy.slurm import add_command as add_deploy
     add_deploy(sub)
     from polar_mq.cli import client_commands as client_cli

@@ -24,11 +24,12 @@ def worker_defaults(stage: str, env: Mapping[str, str]) -> dict[str, str | int |
     return {"concurrency": concurrency, "loglevel": env.get("POLAR_LOG_LEVEL") or "INFO", "pool": pool}
 
 
-def redis_credentials_ok(url: str) -> bool:
-    """False (and the reason on stderr) when `url`'s Redis wants credentials the URL lacks."""
+def redis_credentials_ok(url: str, role: str | None = None) -> bool:
+    """False (and the reason on stderr) when `url`'s Redis wants credentials the URL lacks, or its
+    ACL user may not touch `role`'s keys (hub, worker, gateway: store/redis_acl.py)."""
     from polar_mq.cli.embedded_redis import credentials_problem
 
-    problem = credentials_problem(url)
+    problem = credentials_problem(url, role=role)
     if problem:
         print(f"error: {problem}", file=sys.stderr, flush=True)
     return problem is None

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import redis
 
@@ -91,20 +91,34 @@ def with_password(url: str, password: str) -> str:
     return f"{scheme}{sep}:{quote(password, safe='')}@{rest.rpartition('@')[2]}"
 
 
-def credentials_problem(url: str, timeout: float = 2.0) -> str | None:
+def credentials_problem(url: str, timeout: float = 2.0, role: str | None = None) -> str | None:
     """What a role should say when `url` reaches a Redis that wants credentials it lacks (NOAUTH,
-    WRONGPASS), else None (unreachable is not this check's business: roles ride outages out)."""
+    WRONGPASS), or whose ACL user lacks a key this role needs (NOPERM: another role's URL), else
+    None (unreachable is not this check's business: roles ride outages out)."""
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     except ValueError:
         return None  # a scheme redis-py's from_url does not parse (sentinel): checked by its own client
+    host = url.rpartition("@")[2].split("/", 1)[0].split("?", 1)[0]
     try:
         client.ping()
+        if role is not None:
+            from polar_mq.store.redis_acl import probe_keys
+
+            for key in probe_keys(role):
+                client.exists(key)
+    except redis.exceptions.NoPermissionError as exc:
+        from polar_mq.store.redis_acl import url_env_name
+
+        user = unquote(url.partition("://")[2].rpartition("@")[0].partition(":")[0]) or "default"
+        return (f"Redis at {host} refused the {role} role's user {user!r} ({exc}; NOPERM: this ACL user "
+                f"may not touch the {role} role's keys): give the {role} role its own URL "
+                f"(`polar-mq redis-acl` writes it as {url_env_name(role or 'hub')})")
     except redis.AuthenticationError as exc:
-        host = url.rpartition("@")[2].split("/", 1)[0]
         return (f"Redis at {host} refused this role's credentials ({exc}; NOAUTH: a password is required): "
                 f"give a URL with credentials, redis://[user]:PASSWORD@HOST:PORT/DB (the password of "
-                f"`polar-mq up`'s embedded Redis is in {password_file()})")
+                f"`polar-mq up`'s embedded Redis is in {password_file()}; with ACL users, this role's "
+                f"URL from `polar-mq redis-acl`)")
     except (redis.RedisError, OSError):
         return None
     finally:

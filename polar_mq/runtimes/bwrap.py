@@ -15,9 +15,10 @@ host's ``127.0.0.1:PORT`` would be out of reach. The sandbox command is therefor
 :mod:`polar_mq.runtimes.netbridge`, which listens on the same ``127.0.0.1:PORT`` inside and relays
 to a unix socket (bound in from a short host temp dir) that the worker relays to the gateway,
 through :mod:`polar_mq.runtimes.session_guard`: only this session's provider endpoints, one request
-per connection. No privileges are needed. With ``allow_internet``
-the host network is shared (``--share-net``). A gateway addressed by a non-loopback host is
-reachable only with ``allow_internet``.
+per connection. No privileges are needed. With ``allow_internet`` the sandbox keeps its own
+network namespace and gets user-mode networking (slirp4netns) to the internet, with the hub's
+addresses, this host's and 169.254.0.0/16 made unreachable inside it and no capabilities to undo
+that (:mod:`polar_mq.runtimes.egress`); the gateway is bridged the same way as without internet.
 
 ``runtime.workdir`` (optional) is where the session's work dir appears inside (a bind of the
 session's ``work`` dir); ``gpus`` binds the host's /dev. ``cpus``/``memory_mb`` are not enforced
@@ -29,6 +30,7 @@ Tests: tests/runtimes/test_runtimes_bwrap.py, tests/trust/test_trust_sandbox.py.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -39,6 +41,7 @@ from polar_mq.model import RuntimeHandle
 from polar_mq.taskspec import RuntimeSpec
 from polar_mq.runtimes.base import ExecResult, OnStart
 from polar_mq.runtimes.local import LocalRuntime, base_env, kill_group, supervise
+from polar_mq.runtimes import egress
 from polar_mq.runtimes.netbridge import UnixRelay, sandbox_forwards
 from polar_mq.runtimes.session_guard import SessionGuard, key_from_urls
 
@@ -91,8 +94,13 @@ class BwrapRuntime(LocalRuntime):
     backend = "bwrap"
 
     def bridges_gateway(self, handle: RuntimeHandle) -> bool:
-        """True when the sandbox has no network: the harness gets the forwarded (loopback) URLs."""
-        return not handle.allow_internet
+        """True unless the sandbox shares the host network (the operator's POLAR_SANDBOX_HOST_NETWORK):
+        the harness gets the forwarded (loopback) URLs, with or without internet."""
+        return not self.shares_host_net(handle)
+
+    @staticmethod
+    def shares_host_net(handle: RuntimeHandle) -> bool:
+        return bool(handle.allow_internet) and egress.host_network_allowed()
 
     def start(self, spec: RuntimeSpec, session_dir: Path, session_id: str) -> RuntimeHandle:
         if bwrap_path() is None:
@@ -104,13 +112,16 @@ class BwrapRuntime(LocalRuntime):
         return handle.updated(backend=self.backend, cwd=spec.workdir or handle.workdir,
                               allow_internet=bool(spec.allow_internet), gpus=spec.gpus or 0)
 
-    def argv(self, handle: RuntimeHandle, command: list[str], bridges: list[tuple[str, int, str]]
-             ) -> list[str]:
-        """The bwrap command line for `command` (bridges: (host, port, host socket dir))."""
+    def argv(self, handle: RuntimeHandle, command: list[str], bridges: list[tuple[str, int, str]],
+             net_fds: tuple[int, int] | None = None, resolv: str | None = None) -> list[str]:
+        """The bwrap command line for `command` (bridges: (host, port, host socket dir); net_fds:
+        (info fd, block fd) of a sandbox that waits for its user-mode network, egress.SlirpNet)."""
         sdir = handle.session_dir
         argv = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
-        if handle.allow_internet:
+        if self.shares_host_net(handle):
             argv.append("--share-net")
+        if net_fds is not None:  # no capability may remove the prohibit routes
+            argv += ["--cap-drop", "ALL", "--info-fd", str(net_fds[0]), "--block-fd", str(net_fds[1])]
         argv += ["--ro-bind", "/", "/"]
         argv += ["--dev-bind", "/dev", "/dev"] if handle.gpus else ["--dev", "/dev"]
         argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
@@ -119,6 +130,8 @@ class BwrapRuntime(LocalRuntime):
         for path in hidden_host_paths():  # tokens, other sessions' dirs and keys, daemons' sockets
             if path != sdir:
                 argv += ["--tmpfs", path]
+        if resolv:  # slirp4netns's DNS, where the host's resolv.conf points (maybe under the hidden /run)
+            argv += ["--ro-bind", resolv, os.path.realpath("/etc/resolv.conf")]
         argv += ["--bind", sdir, sdir]
         cwd = handle.cwd or handle.workdir
         if cwd != handle.workdir:
@@ -140,8 +153,10 @@ class BwrapRuntime(LocalRuntime):
         relays: list[UnixRelay] = []
         bridges: list[tuple[str, int, str]] = []
         tmp = None
+        fds: list[int] = []
+        slirp: list[egress.SlirpNet] = []
         try:
-            if not handle.allow_internet:
+            if self.bridges_gateway(handle):
                 # Loopback and remote gateways alike (netbridge.sandbox_forwards); only this
                 # session's provider endpoints pass the bridge (session_guard).
                 key = key_from_urls(handle.gateway_urls)
@@ -152,10 +167,47 @@ class BwrapRuntime(LocalRuntime):
                     relays.append(UnixRelay(Path(tmp) / f"{fw.port}.sock", fw.target_host, fw.target_port,
                                             guard))
                     bridges.append((fw.listen_host, fw.port, tmp))
-            return supervise(self.argv(handle, cmd, bridges), cwd=handle.workdir,
+            net_fds = None
+            resolv = None
+            start = on_start
+            if handle.allow_internet and not self.shares_host_net(handle):
+                if egress.slirp_path() is None:
+                    raise RuntimeError("runtime.allow_internet under bwrap needs slirp4netns (apt-get "
+                                       "install slirp4netns); the host network is never shared "
+                                       "unless the operator sets POLAR_SANDBOX_HOST_NETWORK=1")
+                info_r, info_w = os.pipe()
+                block_r, block_w = os.pipe()
+                fds += [info_r, info_w, block_r, block_w]
+                net_fds = (info_w, block_r)
+                blocked = egress.blocked_networks(handle.gateway_urls)
+                if tmp is None:
+                    tmp = tempfile.mkdtemp(prefix="polar-gw-")
+                resolv = os.path.join(tmp, "resolv.conf")
+                with open(resolv, "w") as fh:
+                    fh.write(f"nameserver {egress.SLIRP_DNS}\n")
+                os.chmod(resolv, 0o644)
+
+                def start(info: dict[str, Any]) -> None:
+                    os.close(info_w)  # bwrap holds its ends now: EOF once it is gone
+                    os.close(block_r)
+                    fds.remove(info_w)
+                    fds.remove(block_r)
+                    slirp.append(egress.SlirpNet(egress.read_child_pid(info_r), blocked))
+                    os.write(block_w, b"1")  # the network is ready: the command may start
+                    if on_start:
+                        on_start(info)
+            return supervise(self.argv(handle, cmd, bridges, net_fds, resolv), cwd=handle.workdir,
                              env=base_env(handle, env), timeout=timeout, log_path=log_path,
-                             should_stop=should_stop, on_start=on_start, heartbeat=heartbeat)
+                             should_stop=should_stop, on_start=start, heartbeat=heartbeat,
+                             pass_fds=net_fds or ())
         finally:
+            for net in slirp:
+                net.close()
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             for r in relays:
                 r.close()
             if tmp:

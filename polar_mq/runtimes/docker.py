@@ -20,14 +20,17 @@ Lifecycle
   never leaks a container.
 
 Network
-* ``allow_internet: true`` → host networking (the container sees the host's loopback, so the
-  gateway on ``127.0.0.1`` is reachable, as is everything else the host reaches).
+* ``allow_internet: true`` → the egress bridge network (``POLAR_DOCKER_EGRESS_NETWORK``, default
+  ``polar-egress``, created on first use), never the host network: the container's loopback is its
+  own, and where the worker is root with iptables the hub's addresses, the worker host's and
+  169.254.0.0/16 are rejected for that bridge (runtimes/egress.py). The gateway is bridged in as
+  below. ``POLAR_SANDBOX_HOST_NETWORK=1`` (the operator's opt-out) restores host networking.
 * ``allow_internet: false`` (default) → ``network_mode=none`` (loopback only), plus a bridge: for
   each loopback gateway endpoint the worker opens a listener on the same ``127.0.0.1:PORT``
   *inside the container's network namespace* (setns from a worker thread) and relays its
   connections to the gateway. The harness reaches the gateway at its usual URL and nothing else.
   This needs the worker to run as root on the docker host (CAP_SYS_ADMIN for setns); without it,
-  the run fails with a message saying to allow internet (host networking) or run as root. A
+  the run fails with a message saying to run as root. A
   gateway on another host listens on ``127.0.0.1:PORT`` inside and is relayed to that host
   (netbridge.sandbox_forwards); the harness gets the loopback URLs.
 
@@ -137,7 +140,7 @@ class DockerRuntime:
             "name": name, "command": INIT, "entrypoint": [], "detach": True,
             "labels": {LABEL: session_id, "polar_mq": "1"},
             "environment": dict(spec.env), "volumes": volumes,
-            "network_mode": "host" if spec.allow_internet else "none",
+            "network_mode": self._network(spec),
             "pids_limit": DockerSettings.from_env().pids_limit,
         }
         if spec.workdir:
@@ -157,6 +160,20 @@ class DockerRuntime:
         if spec.workdir:
             self._run(handle, ["mkdir", "-p", spec.workdir])
         return handle
+
+    def _network(self, spec: RuntimeSpec) -> str:
+        """none, or for allow_internet the egress bridge (its blocks installed: egress.py)."""
+        from polar_mq.runtimes import egress
+
+        if not spec.allow_internet:
+            return "none"
+        if egress.host_network_allowed():
+            return "host"
+        name = egress.docker_network(self.client)
+        why = egress.enforce_docker(egress.bridge_ifname(name), egress.blocked_networks())
+        if why:
+            log.warning("docker allow_internet: %s (docs/security.md, 'Sandbox egress')", why)
+        return name
 
     def _container(self, handle: RuntimeHandle):
         return self.client.containers.get(handle.container_id or handle.container)
@@ -240,11 +257,11 @@ class DockerRuntime:
                           log_path=str(log_path))
 
     def bridges_gateway(self, handle: RuntimeHandle) -> bool:
-        """True when the container has no network: the harness gets the forwarded URLs."""
-        return handle.network == "none"
+        """True unless the container has the host network: the harness gets the forwarded URLs."""
+        return handle.network != "host"
 
     def _bridge(self, handle: RuntimeHandle, container):
-        if handle.network != "none":
+        if handle.network == "host":
             return None
         from polar_mq.runtimes.netbridge import NetnsBridge, sandbox_forwards
         from polar_mq.runtimes.session_guard import SessionGuard, key_from_urls
@@ -260,8 +277,7 @@ class DockerRuntime:
         except OSError as exc:
             raise RuntimeError(
                 f"cannot bridge the gateway into the container's private network ({exc}); run the "
-                f"worker as root on the docker host, or set runtime.allow_internet to use host "
-                f"networking") from exc
+                f"worker as root on the docker host") from exc
 
     # ---- files ----------------------------------------------------------------------------------
     def _abs(self, handle: RuntimeHandle, path: str) -> str:

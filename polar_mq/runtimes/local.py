@@ -194,23 +194,30 @@ def base_env(handle: RuntimeHandle, env: dict[str, str]) -> dict[str, str]:
 def supervise(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float | None, log_path: Path,
               should_stop: Callable[[], bool] | None = None,
               on_start: OnStart | None = None,
-              heartbeat: Callable[[], None] | None = None) -> ExecResult:
+              heartbeat: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = ()) -> ExecResult:
     """Run argv in its own process group (dying with this process), output appended to log_path;
-    kill the group on timeout or stop, and whatever a finished command left behind."""
+    kill the group on timeout or stop, and whatever a finished command left behind. `pass_fds`
+    stay open in the child (bwrap's --info-fd / --block-fd); `on_start` runs before anything else
+    and may raise (the group is killed, the error propagates)."""
     log = RotatingLog(log_path)  # size-capped (POLAR_LOG_MAX_BYTES): output comes through a pipe
     t0 = time.monotonic()
     argv, preexec = spawn_args(argv)
     try:
         proc = spawner.call(lambda: subprocess.Popen(
             argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec))
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds))
     except BaseException:
         log.close()
         raise
     pumper = pump(proc.stdout, log)  # type: ignore[arg-type]
     try:
         if on_start:
-            on_start({"pgid": proc.pid})
+            try:
+                on_start({"pgid": proc.pid})
+            except BaseException:
+                kill_group(proc.pid)
+                proc.wait()
+                raise
         timed_out = stopped = False
         last_beat = 0.0
         exited = ExitWatch(proc)

@@ -253,6 +253,7 @@ def test_create_arguments_without_an_engine(tmp_path, monkeypatch):
             return made
 
     monkeypatch.setenv("POLAR_DOCKER_MOUNTS", f"{tmp_path}:/data:rw,/nonexistent")
+    monkeypatch.setenv("POLAR_SANDBOX_HOST_NETWORK", "1")  # the operator's opt-out: allow_internet = host
     rt = DockerRuntime(SimpleNamespace(containers=Containers()))
     spec = RuntimeSpec(backend="docker", image="img", gpus=2, cpus=1.5, memory_mb=100, allow_internet=True,
                        workdir="/testbed")

@@ -22,10 +22,13 @@ MASTER = "polar"
 class Node:
     port: int
     proc: subprocess.Popen
+    auth: tuple[str, str] | None = None  # (user, password) on a data node with ACL users
 
     @property
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
+        user, password = self.auth or (None, None)
+        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1, username=user,
+                           password=password)
 
 
 @dataclass
@@ -86,8 +89,12 @@ class SentinelCluster:
 
 
 def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
-                           down_after_ms: int = 1000) -> SentinelCluster:
+                           down_after_ms: int = 1000, acl: dict[str, str] | None = None) -> SentinelCluster:
+    """`acl`: {"file": users.acl, "replica": its password, "sentinel": its password, "admin": its
+    password} from `polar-mq redis-acl --sentinel`: every data node loads the file and replicates
+    as `replica`, the Sentinels watch as `sentinel` (docs/deployment.md, "Redis ACL users")."""
     base.mkdir(parents=True, exist_ok=True)
+    node_auth = ("admin", acl["admin"]) if acl else None
     redis_bin, sentinel_bin = shutil.which("redis-server"), shutil.which("redis-sentinel")
     assert redis_bin and sentinel_bin, "redis-server and redis-sentinel must be installed (apt: redis-sentinel)"
     cluster = SentinelCluster(base)
@@ -100,14 +107,18 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
             args = [redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                     "--dir", str(d), "--protected-mode", "no", "--repl-diskless-sync", "yes",
                     "--repl-diskless-sync-delay", "0"]
+            if acl:  # every node: after a failover the old primary replicates too
+                conf = d / "acl.conf"
+                conf.write_text(f'aclfile "{acl["file"]}"\nmasteruser replica\nmasterauth "{acl["replica"]}"\n')
+                args.insert(1, str(conf))
             if i:
                 args += ["--replicaof", "127.0.0.1", str(primary_port)]
             else:
                 primary_port = port
             proc = subprocess.Popen(args, stdout=open(d / "log", "wb"), stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            cluster.nodes.append(Node(port, proc))
-            _wait_ping(port)
+            cluster.nodes.append(Node(port, proc, node_auth))
+            _wait_ping(port, auth=node_auth)
         for _ in range(sentinels):
             port = free_port()
             conf = base / f"sentinel-{port}.conf"
@@ -115,7 +126,9 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
                             f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
                             f"sentinel down-after-milliseconds {MASTER} {down_after_ms}\n"
                             f"sentinel failover-timeout {MASTER} 10000\n"
-                            f"sentinel parallel-syncs {MASTER} 2\n")
+                            f"sentinel parallel-syncs {MASTER} 2\n" +
+                            (f"sentinel auth-user {MASTER} sentinel\nsentinel auth-pass {MASTER} {acl['sentinel']}\n"
+                             if acl else ""))
             proc = subprocess.Popen([sentinel_bin, str(conf)], stdout=open(base / f"sentinel-{port}.log", "wb"),
                                     stderr=subprocess.STDOUT, start_new_session=True)
             cluster.sentinels.append(Node(port, proc))
@@ -127,11 +140,13 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
     return cluster
 
 
-def _wait_ping(port: int, timeout: float = 10.0) -> None:
+def _wait_ping(port: int, timeout: float = 10.0, auth: tuple[str, str] | None = None) -> None:
+    user, password = auth or (None, None)
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            if redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5).ping():
+            if redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, username=user,
+                           password=password).ping():
                 return
         except redis.RedisError:
             time.sleep(0.05)
