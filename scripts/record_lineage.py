@@ -44,7 +44,7 @@ from record_replays import (MODEL, REPLAY_KEY, RecordingProxy, _wait, free_port,
 from polar_mq import harnesses  # noqa: E402
 from polar_mq.auth import auth_headers  # noqa: E402
 from polar_mq.harnesses import install  # noqa: E402
-from polar_mq.harnesses.limits import ModelLimits  # noqa: E402
+from polar_mq.harnesses.limits import ModelLimits, resolve  # noqa: E402
 
 OUT = ROOT / "tests" / "replays" / "lineage"
 SUB_PROMPT = "Report the number of lines in polar.txt and nothing else, please."
@@ -58,12 +58,17 @@ COMPACTION_RULES = [
     {"when": w, "text": SUMMARY} for w in (
         "Your task is to create a detailed summary of the conversation so far",
         "Create a new anchored summary", "Construct a new summary that combines both",
-        "First, reason in your scratchpad", "CONTEXT CHECKPOINT COMPACTION",
-        "conversation to summarize", "NEW conversation messages to incorporate")
+        "First, reason in your scratchpad", "Critically evaluate the <state_snapshot>", "CONTEXT CHECKPOINT COMPACTION",
+        "conversation to summarize", "NEW conversation messages to incorporate",
+        "This is the PREFIX of a turn that was too large to keep")
 ] + [{"when": w, "text": DONE} for w in (
     SUMMARY_MARK,
     "Continue if you have next steps",  # opencode's user turn after its summary
+    "Continue with the prior task using the context above",  # Qwen Code's
 )]
+# distinct commands: Gemini CLI stops a loop of identical tool calls
+READS = ("cat big.txt", "cat -n big.txt", "head -n 200 big.txt", "tail -n 200 big.txt",
+         "sed -n 1,200p big.txt", "awk 1 big.txt")
 BIG_LINES = 200  # big.txt: ~5k tokens per read (the stand-in's tokenizer)
 
 
@@ -75,7 +80,9 @@ class Spec:
     shell: tuple[str, str, dict[str, Any]]  # (tool, command key, other arguments)
     window: int  # the context window the CLI is told for the compaction scenario
     output: int
-    runs: list[list[str]] = field(default_factory=lambda: [[]])  # extra argv per invocation
+    # compaction scenario: (prompt, extra argv) per invocation of the CLI; None: the instruction
+    runs: list[tuple[str | None, list[str]]] = field(default_factory=lambda: [(None, [])])
+    reads: int = 6  # shell reads scripted before the final answer
     instruction: str = "Read big.txt with the shell tool, part by part, then report."
     tweak: Callable[[Any, Path], None] | None = None
 
@@ -87,6 +94,7 @@ def _pi_compaction(launch: Any, home: Path) -> None:
     settings = json.loads(path.read_text())
     settings["compaction"] = {"enabled": True, "reserveTokens": 2048, "keepRecentTokens": 1000}
     path.write_text(json.dumps(settings, indent=2))
+    launch.argv.remove("--no-session")  # the second run continues the session (`-c`)
 
 
 SPECS: dict[str, Spec] = {
@@ -98,12 +106,18 @@ SPECS: dict[str, Spec] = {
                      ("bash", "command", {"description": "read big.txt"}), 24000, 2000),
     "qwen_code": Spec({"tool": "agent", "arguments": {"description": "Count lines", "prompt": SUB_PROMPT,
                                                       "subagent_type": "general-purpose"}},
-                      ("run_shell_command", "command", {}), 24000, 2000),
+                      # compresses at 0.7 x window; its first prompt is ~26k stand-in tokens
+                      ("run_shell_command", "command", {}), 40000, 2000),
+    # Gemini CLI splits history for compression only before a user message that is not a tool
+    # result: within one headless prompt there is none, so a resumed second prompt reads again.
     "gemini_cli": Spec({"tool": "invoke_agent", "arguments": {"agent_name": "generalist", "prompt": SUB_PROMPT}},
-                       ("run_shell_command", "command", {}), 24000, 2000),
+                       ("run_shell_command", "command", {}), 60000, 2000,
+                       runs=[(None, []), ("Read big.txt once more.", ["--resume", "latest"])], reads=2),
     "codex": Spec({"tool": "spawn_agent", "arguments": {"message": SUB_PROMPT}},
                   ("exec_command", "cmd", {}), 24000, 2000),
-    "pi": Spec(None, ("bash", "command", {}), 24000, 2000, tweak=_pi_compaction),
+    # pi compacts when an agent run ends past the threshold; the next prompt continues from it
+    "pi": Spec(None, ("bash", "command", {}), 24000, 2000, tweak=_pi_compaction,
+               runs=[(None, []), ("Thanks. polar:say=Noted, nothing left.", ["-c"])]),
 }
 SCENARIOS = ("subagent", "compaction")
 
@@ -116,7 +130,7 @@ def script_for(harness: str, scenario: str) -> list[dict[str, Any]]:
     if harness == "claude_code":  # plain answers around `/compact` (claude_compaction_runs)
         return list(COMPACTION_RULES)
     tool, key, extra = spec.shell
-    reads = [{"tool": tool, "arguments": {key: "cat big.txt", **extra}} for _ in range(6)]
+    reads = [{"tool": tool, "arguments": {key: READS[i % len(READS)], **extra}} for i in range(spec.reads)]
     return COMPACTION_RULES + reads + [{"text": DONE}]
 
 
@@ -167,10 +181,13 @@ def record(harness: str, scenario: str, timeout: float, out_dir: Path) -> dict[s
         work.mkdir(parents=True)
         (work / "polar.txt").write_text("polar\n")
         (work / "big.txt").write_text(big_text())
-        limits = ModelLimits(spec.window, spec.output, "task") if scenario == "compaction" else None
+        # compaction: a small window; otherwise the served one, as a task's session gets it
+        limits = ModelLimits(spec.window, spec.output, "task") if scenario == "compaction" else \
+            resolve(max_model_len)
         instruction = spec.instruction if scenario == "compaction" else "Delegate: count the lines of polar.txt"
         runs = claude_compaction_runs() if (harness, scenario) == ("claude_code", "compaction") else \
-            [(instruction, extra) for extra in spec.runs]
+            [(prompt or instruction, extra) for prompt, extra in spec.runs] if scenario == "compaction" else \
+            [(instruction, [])]
         bin_path = install.install([harness])[harness]
         for prompt, extra in runs:
             launch = harnesses.build(harness, home, base_urls, key, MODEL, prompt, bin=bin_path, limits=limits)
@@ -229,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("targets", nargs="*", help="HARNESS or HARNESS:SCENARIO (default: all)")
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per CLI run")
+    ap.add_argument("--timeout", type=float, default=150.0, help="seconds per CLI run")
     args = ap.parse_args(argv)
     targets = []
     for t in args.targets or list(SPECS):
