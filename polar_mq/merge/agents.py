@@ -135,14 +135,11 @@ def opening_texts(call: Call) -> list[tuple[str, str]]:
 
 
 def _user_opening(call: Call) -> list[str]:
-    """The user messages before the first assistant message (Codex sends its environment context
-    as user messages ahead of the task)."""
-    texts = []
-    for role, text in opening_texts(call):
-        if role != "user":
-            break
-        texts.append(text)
-    return texts
+    """The user messages of the conversation's opening: Codex sends its environment context as
+    user messages ahead of the task; Qwen Code's sub-agent opens with its environment context, the
+    acknowledgement "Got it. Thanks for the context!", then the task
+    (tests/merge/test_lineage_replays.py, qwen_code/subagent)."""
+    return [text for role, text in opening_texts(call) if role == "user"]
 
 
 def _match(spawn: Spawn, texts: list[str]) -> int:

@@ -17,9 +17,9 @@ from tests.support.servers import FULL, GatewayHandle, start_gateway, start_mode
 from polar_mq.merge.agents import COMPACTION_REQUESTS
 
 FIXTURES = lineage_replay.fixtures()
-# One compaction beyond Claude Code's (tests/harnesses/test_lineage_real_cli.py) stays in the
-# default run; the rest run with POLAR_FULL=1.
-DEFAULT = {"opencode/compaction"}
+# In the default run: one compaction and one sub-agent replay (with the live Claude Code and
+# opencode cases of tests/harnesses/test_lineage_real_cli.py); the rest with POLAR_FULL=1.
+DEFAULT = {"codex/compaction", "qwen_code/subagent"}
 
 
 def _id(path):
