@@ -12,6 +12,8 @@ by the `prefix_merging` builder. Per harness (its sessions summed):
 - *before*: the share of calls in the root chain only: the chain the task's prompt started (the
   earliest `root` trace of the main conversation). Without lineage that is the only chain whose
   origin a trainer knows; a sub-agent's or a post-compaction conversation is just another root;
+- *before + retry/fork/edit links*: also the chains the call forest already linked to their
+  parent (`parent_trace`) before lineage: retries, forks, re-tokenised continuations;
 - *after*: the share of calls in chains with a known origin (docs/lineage.md, "Known origin"):
   the root chain, plus every chain whose `origin` links it to another trace: `sub_agent`
   (`spawned_by`), `compaction` (`continues_from`), `summary` (`compaction_summary`), `retry`,
@@ -38,6 +40,7 @@ from tests.support import lineage_replay  # noqa: E402
 from tests.support.servers import AUTH, start_gateway, start_model_server, stop  # noqa: E402
 
 LINKED = frozenset(ORIGINS) - {"root"}
+FOREST = frozenset({"retry", "fork", "edit"})  # linked by the call forest (parent_trace) before lineage
 
 
 def root_trace(traces: list[dict[str, Any]]) -> int | None:
@@ -48,15 +51,18 @@ def root_trace(traces: list[dict[str, Any]]) -> int | None:
     return min(roots)[2] if roots else None
 
 
-def known_calls(traj: dict[str, Any]) -> tuple[int, int, int]:
-    """(calls, calls in the root chain, calls in chains with a known origin)."""
+def known_calls(traj: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(calls, calls in the root chain, in the root chain or a chain the call forest links
+    (retry/fork/edit), in chains with a known origin)."""
     traces = traj["traces"]
     root = root_trace(traces)
     total = sum(len(t["call_ids"]) for t in traces)
     before = len(traces[root]["call_ids"]) if root is not None else 0
-    after = before + sum(len(t["call_ids"]) for i, t in enumerate(traces)
-                         if i != root and t["metadata"].get("origin") in LINKED)
-    return total, before, after
+
+    def linked(origins: frozenset[str]) -> int:
+        return sum(len(t["call_ids"]) for i, t in enumerate(traces)
+                   if i != root and t["metadata"].get("origin") in origins)
+    return total, before, before + linked(FOREST), before + linked(LINKED)
 
 
 def measure(path: Path, log_dir: Path, redis_url: str) -> dict[str, Any]:
@@ -71,9 +77,9 @@ def measure(path: Path, log_dir: Path, redis_url: str) -> dict[str, Any]:
     finally:
         stop(gw.proc)
         stop(ms.proc)
-    calls, before, after = known_calls(traj)
+    calls, before, forest, after = known_calls(traj)
     return {"harness": fixture["harness"], "scenario": fixture["scenario"], "calls": calls,
-            "chains": len(traj["traces"]), "before": before, "after": after,
+            "chains": len(traj["traces"]), "before": before, "forest": forest, "after": after,
             "origins": {k: v for k, v in traj["stats"]["origins"].items() if v},
             "subagents": traj["stats"]["subagents"], "compactions": traj["stats"]["compactions"]}
 
@@ -81,19 +87,20 @@ def measure(path: Path, log_dir: Path, redis_url: str) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     by: dict[str, dict[str, Any]] = {}
     for r in rows:
-        agg = by.setdefault(r["harness"], {"sessions": [], "calls": 0, "chains": 0, "before": 0, "after": 0,
-                                           "origins": Counter()})
+        agg = by.setdefault(r["harness"], {"sessions": [], "calls": 0, "chains": 0, "before": 0, "forest": 0,
+                                           "after": 0, "origins": Counter()})
         agg["sessions"].append(r["scenario"])
-        for k in ("calls", "chains", "before", "after"):
+        for k in ("calls", "chains", "before", "forest", "after"):
             agg[k] += r[k]
         agg["origins"].update(r["origins"])
-    lines = ["| harness | sessions | calls | chains | known origin before | after | origins found |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| harness | sessions | calls | chains | known origin before (root chain) | "
+             "before + retry/fork/edit links | after | origins found |",
+             "|---|---|---|---|---|---|---|---|"]
     for h, a in sorted(by.items()):
         origins = ", ".join(f"{o} {a['origins'][o]}" for o in ORIGINS if a["origins"].get(o))
         lines.append(f"| {h} | {' + '.join(a['sessions'])} | {a['calls']} | {a['chains']} | "
-                     f"{a['before'] / a['calls']:.0%} ({a['before']}) | {a['after'] / a['calls']:.0%} "
-                     f"({a['after']}) | {origins} |")
+                     f"{a['before'] / a['calls']:.0%} ({a['before']}) | {a['forest'] / a['calls']:.0%} "
+                     f"({a['forest']}) | {a['after'] / a['calls']:.0%} ({a['after']}) | {origins} |")
     return "\n".join(lines)
 
 
