@@ -113,7 +113,7 @@ SPECS: dict[str, Spec] = {
     "gemini_cli": Spec({"tool": "invoke_agent", "arguments": {"agent_name": "generalist", "prompt": SUB_PROMPT}},
                        ("run_shell_command", "command", {}), 60000, 2000,
                        runs=[(None, []), ("Read big.txt once more.", ["--resume", "latest"])], reads=2),
-    "codex": Spec({"tool": "spawn_agent", "arguments": {"message": SUB_PROMPT}},
+    "codex": Spec({"tool": "multi_agent_v1.spawn_agent", "arguments": {"message": SUB_PROMPT}},
                   ("exec_command", "cmd", {}), 24000, 2000),
     # pi compacts when an agent run ends past the threshold; the next prompt continues from it
     "pi": Spec(None, ("bash", "command", {}), 24000, 2000, tweak=_pi_compaction,

@@ -97,7 +97,7 @@ def test_a_real_cli_compaction_continues_from_its_summary(replayed):
 @pytest.mark.parametrize("replayed", _params("subagent"), indirect=True)
 def test_a_real_cli_subagent_replay_is_linked(replayed):
     fixture, calls, trajs = replayed
-    tool = fixture["stand_in"]["script"][0]["tool"]
+    tool = fixture["stand_in"]["script"][0]["tool"].rpartition(".")[2]  # Codex: NAMESPACE.NAME
     for builder, traj in trajs.items():
         linked = [t for t in traj["traces"] if t["metadata"].get("spawned_by")]
         assert linked, (builder, traj["stats"]["origins"])
