@@ -39,9 +39,12 @@ COMPACTION_REQUESTS: tuple[str, ...] = (
     "Create a new anchored summary from the conversation history",  # opencode
     "Construct a new summary that combines both",  # opencode, with a prior summary
     "First, reason in your scratchpad. Then, generate the",  # Qwen Code, Gemini CLI
+    # Gemini CLI 0.61 then asks for a verified summary; its answer is what the continuation opens with
+    "Critically evaluate the <state_snapshot> you just generated",
     "You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex
     "The messages above are a conversation to summarize",  # pi
     "The messages above are NEW conversation messages to incorporate into the existing summary",  # pi
+    "This is the PREFIX of a turn that was too large to keep",  # pi, when the cut splits a turn
 )
 # A conversation that starts from a summary carries one of these in its opening messages.
 COMPACTION_CONTINUATIONS: tuple[str, ...] = (
@@ -132,14 +135,11 @@ def opening_texts(call: Call) -> list[tuple[str, str]]:
 
 
 def _user_opening(call: Call) -> list[str]:
-    """The user messages before the first assistant message (Codex sends its environment context
-    as user messages ahead of the task)."""
-    texts = []
-    for role, text in opening_texts(call):
-        if role != "user":
-            break
-        texts.append(text)
-    return texts
+    """The user messages of the conversation's opening: Codex sends its environment context as
+    user messages ahead of the task; Qwen Code's sub-agent opens with its environment context, the
+    acknowledgement "Got it. Thanks for the context!", then the task
+    (tests/merge/test_lineage_replays.py, qwen_code/subagent)."""
+    return [text for role, text in opening_texts(call) if role == "user"]
 
 
 def _match(spawn: Spawn, texts: list[str]) -> int:

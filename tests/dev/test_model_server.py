@@ -442,3 +442,25 @@ def test_abort_by_id_cuts_a_plain_generation_short_as_vllm():
     plain = create_app(ServerConfig(dev_mode=False)).test_client()
     assert plain.post("/abort_requests", json={"request_ids": ["x"]}).status_code == 404
     assert plain.post("/pause").status_code == 404
+
+
+def test_scripted_when_rules():
+    """A `when` step answers any request whose latest user text contains its text; the positional
+    steps skip it (the lineage recordings script compaction with it: scripts/record_lineage.py)."""
+    from polar_mq.dev.model_server.script import decide
+
+    script = [{"when": "summarize", "text": "SUMMARY"}, {"tool": "bash", "arguments": {"command": "ls"}},
+              {"text": "done"}]
+    tools = [BASH_TOOL]
+    r = decide([{"role": "user", "content": "go"}], tools, scripted=script)
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("bash", {"command": "ls"})]
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
+    after = [{"role": "user", "content": "go"}, call, {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+    assert decide(after, tools, scripted=script).content == "done"
+    r = decide(after + [{"role": "assistant", "content": "done"},
+                        {"role": "user", "content": "Please summarize the above."}], tools, scripted=script)
+    assert r.content == "SUMMARY" and not r.tool_calls
+    # past the last positional step: plain text, no tool call
+    assert not decide(after + [call, {"role": "tool", "tool_call_id": "c1", "content": "x"}], tools,
+                      scripted=script).tool_calls

@@ -125,3 +125,60 @@ def test_real_claude_code_compaction_is_linked(gateway, tmp_path):
         assert traj["stats"]["compactions"] >= 1 and traj["stats"]["origins"]["compaction"] >= 1
         if builder == "prefix_merging":
             assert after[0]["metadata"]["role"] == "main"  # the agent goes on: still the main line
+
+
+SUMMARY = ("POLAR-SUMMARY: the user asked to read big.txt with the shell tool and report; it was read "
+           "twice and is plain filler text.")
+
+
+@pytest.mark.timeout(1200)
+def test_real_opencode_compaction_on_a_small_window(log_dir, redis_url, tmp_path):
+    """opencode told a 24k window compacts by itself once its prompt passes window - output: the
+    stand-in reads a ~5k-token file turn after turn, answers opencode's summary request (a separate
+    conversation) with SUMMARY and its "Continue if you have next steps" turn with a final text.
+    The summary call is a trainable trace; the conversation after it continues from it."""
+    from polar_mq.harnesses.limits import ModelLimits
+    from polar_mq.merge.agents import COMPACTION_REQUESTS
+
+    binary = cli_bin("opencode")
+    done = "All parts are read; nothing else is left to do."
+    reads = [{"tool": "bash", "arguments": {"command": "cat big.txt", "description": "read big.txt"}}] * 6
+    script = tmp_path / "steps.json"
+    script.write_text(json.dumps([{"when": "Create a new anchored summary", "text": SUMMARY},
+                                  {"when": "Continue if you have next steps", "text": done}]
+                                 + reads + [{"text": done}]))
+    ms = start_model_server(log_dir, "--scripted", str(script), "--max-model-len", "131072", name="ms-oc-compact")
+    gw = start_gateway(log_dir, redis_url, [ms.url], name="gw-oc-compact")
+    try:
+        handle = GatewayHandle(url=gw.url, upstream_url=ms.url, redis_url=redis_url, server=gw)
+        sess = handle.new_session()
+        home, work = tmp_path / "home", tmp_path / "work"
+        work.mkdir()
+        (work / "big.txt").write_text("".join(f"line {i:04d}: polar bears read filler text so that the "
+                                              "window fills up\n" for i in range(200)))
+        launch = opencode.configure(home, sess["base_urls"], sess["key"], "stand-in",
+                                    "Read big.txt with the shell tool, part by part, then report.", bin=binary,
+                                    limits=ModelLimits(24000, 2000, "task"))
+        proc = subprocess.run(launch.argv, env={**os.environ, **launch.env}, cwd=work,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        calls = {c["call_id"]: c for c in handle.calls(sess["session_id"])}
+        for builder in ("prefix_merging", "per_request"):
+            traj = handle.trajectory(sess["session_id"], builder)
+            traces = traj["traces"]
+            summaries = [i for i, t in enumerate(traces) if t["metadata"].get("compaction_summary")]
+            assert summaries, (proc.returncode, proc.stderr[-1500:], traj["stats"])
+            s = traces[summaries[-1]]
+            call = calls[s["metadata"]["compaction_summary"]["call_id"]]
+            assert any(p in json.dumps(call["messages"][-1]) for p in COMPACTION_REQUESTS)
+            assert SUMMARY in (call["response_message"] or {}).get("content", "")
+            assert sum(s["loss_mask"]) >= len(call["completion_token_ids"]) > 0  # kept, trainable
+            after = [t for t in traces if t["metadata"].get("continues_from")]
+            assert after, traj["stats"]
+            for t in after:
+                assert t["metadata"]["continues_from"] == {"trace_index": summaries[-1], "reason": "compaction"}
+                assert SUMMARY in json.dumps(calls[t["call_ids"][0]]["messages"])
+            assert traj["stats"]["compactions"] >= 1 and traj["stats"]["origins"]["compaction"] >= 1
+        assert proc.returncode == 0, proc.stderr[-1500:]
+    finally:
+        stop(gw.proc)
+        stop(ms.proc)

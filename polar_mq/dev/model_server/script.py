@@ -13,7 +13,10 @@ Directives anywhere in the latest user text: ``polar:sleep=S``, ``polar:think``,
 
 A scripted run (``--scripted FILE.json``) is a list of steps ``{"tool": name, "arguments": {...}}``
 | ``{"tool_calls": [{"name", "arguments"}, ...]}`` | ``{"text": "..."}`` (each optionally with
-``"reasoning"``); step k answers the k-th assistant turn after the last real user message.
+``"reasoning"``); step k answers the k-th assistant turn after the last real user message. A step
+with ``"when": TEXT`` is a rule, not a position: it answers every request whose latest user text
+contains TEXT (the first such rule wins), e.g. a harness's compaction prompt, so a scripted agent
+can be made to summarise and then finish (tests/dev/test_model_server.py::test_scripted_when_rules).
 """
 
 from __future__ import annotations
@@ -336,13 +339,15 @@ def decide(
 
     if d.say is not None:
         reply.content = d.say
-    elif scripted is not None and turn_index < len(scripted):
-        _apply_step(reply, scripted[turn_index], fns)
+    elif scripted is not None and (rule := _rule_for(scripted, user_text)) is not None:
+        _apply_step(reply, rule, fns)
+    elif scripted is not None and turn_index < len(steps := _positional(scripted)):
+        _apply_step(reply, steps[turn_index], fns)
     elif (
         fns_callable
         and not d.notool
         and (not tool_result_seen or tool_choice == "required")
-        and not (scripted is not None and turn_index >= len(scripted))
+        and not (scripted is not None and turn_index >= len(_positional(scripted)))
         and not (d.json and json_for_response_format(response_format) is not None)
     ):
         tool = _forced_tool(tool_choice, fns_callable) or choose_tool(fns_callable)
@@ -365,6 +370,18 @@ def decide(
     if d.think and reply.reasoning is None:
         reply.reasoning = f"The user wrote: {_clip(user_text, 40)}. I will answer deterministically."
     return reply
+
+
+def _is_rule(step: Any) -> bool:
+    return isinstance(step, dict) and isinstance(step.get("when"), str)
+
+
+def _positional(scripted: list[dict]) -> list[dict]:
+    return [s for s in scripted if not _is_rule(s)]
+
+
+def _rule_for(scripted: list[dict], user_text: str) -> dict | None:
+    return next((s for s in scripted if _is_rule(s) and s["when"] in user_text), None)
 
 
 def _forced_tool(tool_choice: Any, fns: list[dict]) -> dict | None:

@@ -163,6 +163,8 @@ class _Conversation:
     def _tool_call(self, item: dict[str, Any], kind: str, where: str) -> None:
         call_id = require(item, "call_id", str, f"{where}.")
         name = require(item, "name", str, f"{where}.")
+        if isinstance(item.get("namespace"), str) and item["namespace"]:
+            name = f"{item['namespace']}.{name}"  # as the model saw and called it (_namespace_tools)
         if kind == "custom_tool_call":
             arguments = dump_arguments({"input": require(item, "input", str, f"{where}.")})
         else:
@@ -287,6 +289,8 @@ def _tools(raw: list[Any]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
         elif kind == "custom":
             tools.append(_custom_tool(tool, where))
             custom.append(tool["name"])
+        elif kind == "namespace":
+            tools.extend(_namespace_tools(tool, where, notes))
         else:
             notes.append(f"dropped {'server' if kind in BUILTIN_TOOL_TYPES else 'unsupported'} "
                          f"tool {kind}")
@@ -301,6 +305,32 @@ def _function_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
         function["description"] = tool["description"]
     function["parameters"] = parameters
     return {"type": "function", "function": function}
+
+
+def _namespace_tools(tool: dict[str, Any], where: str, notes: list[str]) -> list[dict[str, Any]]:
+    """A namespace's function tools (Codex's ``multi_agent_v1``: ``spawn_agent``, ...) as chat
+    functions named ``NAMESPACE.NAME``: a dot cannot occur in a Responses function name, so the
+    answer's call splits back into ``namespace`` and ``name`` unambiguously (``_split_name``;
+    tests/adapters/test_responses_namespace.py)."""
+    namespace = require(tool, "name", str, f"{where}.")
+    out = []
+    for j, sub in enumerate(optional(tool, "tools", list, f"{where}.") or []):
+        if isinstance(sub, dict) and sub.get("type", "function") == "function":
+            fn = _function_tool(sub, f"{where}.tools[{j}]")
+            fn["function"]["name"] = f"{namespace}.{fn['function']['name']}"
+            out.append(fn)
+        else:
+            notes.append(f"dropped tool {namespace}.{sub.get('name') if isinstance(sub, dict) else j} "
+                         "(not a function)")
+    return out
+
+
+def _split_name(name: str) -> dict[str, str]:
+    """``{"name"}``, or ``{"name", "namespace"}`` for a namespaced tool (_namespace_tools)."""
+    if "." in name:
+        namespace, _, bare = name.rpartition(".")
+        return {"name": bare, "namespace": namespace}
+    return {"name": name}
 
 
 def _custom_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
@@ -454,7 +484,7 @@ def _call_item(call: dict[str, Any], req: ChatRequest, status: str) -> dict[str,
     if name in req.custom_tools:
         return {"id": _new_id("ctc"), "type": "custom_tool_call", "call_id": call_id, "name": name,
                 "input": _custom_input(arguments), "status": status}
-    return {"id": _new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
+    return {"id": _new_id("fc"), "type": "function_call", "call_id": call_id, **_split_name(name),
             "arguments": arguments, "status": status}
 
 
@@ -639,7 +669,7 @@ class ResponsesTranslator(StreamTranslator):
             item = {"id": _new_id("ctc"), "type": "custom_tool_call", "call_id": call_id, "name": name,
                     "input": "", "status": "in_progress"}
         else:
-            item = {"id": _new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
+            item = {"id": _new_id("fc"), "type": "function_call", "call_id": call_id, **_split_name(name),
                     "arguments": "", "status": "in_progress"}
         yield from self._open(item, dict(item))
 
