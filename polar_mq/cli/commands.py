@@ -260,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.set_defaults(func=_harness)
     from polar_mq.cli.top import add_command as add_top
     add_top(sub)
+    from polar_mq.cli.image import add_command as add_image
+    add_image(sub)
     from polar_mq.deploy.slurm import add_command as add_deploy
     add_deploy(sub)
     from polar_mq.cli import client_commands as client_cli
