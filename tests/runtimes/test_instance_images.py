@@ -212,3 +212,36 @@ def test_image_build_errors_are_clear(swegym, base_rootfs, tmp_path):
     out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--harness", "nope",
               "--base-image", "x")
     assert out.returncode == 2 and "unknown harness 'nope'" in out.stderr
+
+
+@pytest.mark.full
+@pytest.mark.skipif(swebench_available() != "5.0.2", reason="needs swebench==5.0.2: pip install 'polar_mq[swebench]'")
+def test_every_row_is_resolved_by_its_gold_patch_in_docker(swegym, base_rootfs, engine, pipeline, api, tmp_path):
+    repo, rows_path = swegym
+    rows = rows_of(rows_path)
+    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--base-rootfs",
+              str(base_rootfs), env={"DOCKER_HOST": engine.host})
+    assert out.returncode == 0 and len(out.stdout.split("\n")) >= 6, out
+    trajs = run_rows(pipeline, api, tmp_path, rows_path, "docker", {r["base_commit"]: r["patch"] for r in rows},
+                     policy_version=3)
+    assert {iid: t.reward for iid, t in trajs.items()} == {r["instance_id"]: 1.0 for r in rows}
+
+
+@pytest.mark.full
+def test_an_image_with_a_real_cli_runs_it_without_host_mounts(swegym, engine, tmp_path):
+    """`--harness claude_code` on a base with node: the pinned CLI answers inside the image alone."""
+    from polar_mq.harnesses.install import PACKAGES, install
+
+    install(["claude_code"])  # on first use, from npm (a no-op when the cache has it)
+    repo, rows_path = swegym
+    base = BASE_CACHE / "test-base-node"
+    make_base_rootfs(base, node=True)
+    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--base-rootfs", str(base),
+              "--harness", "claude_code", "--limit", "1", "--tag", "claude", env={"DOCKER_HOST": engine.host})
+    name = "sweb.eval.x86_64.polar-mq__textkit-1:claude"
+    assert out.returncode == 0 and out.stdout.startswith(f"{name} built"), out
+    pkg = PACKAGES["claude_code"]
+    assert engine.client().images.get(name).labels["polar_mq.harness"] == pkg.dirname
+    version = engine.client().containers.run(name, ["claude", "--version"], remove=True, network_mode="none",
+                                             environment={"HOME": "/tmp"})
+    assert pkg.version in version.decode(), version
