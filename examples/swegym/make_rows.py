@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +117,12 @@ def pytest_statuses(work: Path, test_files: list[str]) -> dict[str, str]:
 
 
 def build_row(repo: Path, files: dict[str, str], inst: dict[str, Any]) -> dict[str, Any]:
+    """The row of one instance: its root commit (tagged), test_patch and gold patch; not validated."""
     iid = instance_id(inst["number"])
     base = base_tree(files, inst)
     sha = commit_root(repo, base, f"textkit {VERSION}\n\nThe base of {iid}.")
     git(repo, "tag", "-f", iid, sha)
-    f2p = list(inst["fail_to_pass"])
-    test_files = sorted({t.split("::")[0] for t in f2p})
+    test_files = sorted({t.split("::")[0] for t in inst["fail_to_pass"]})
     src_files = sorted({p for p, _, _ in inst["bug"]})
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "w"
@@ -132,25 +133,36 @@ def build_row(repo: Path, files: dict[str, str], inst: dict[str, Any]) -> dict[s
             git(work, "checkout", "--", ".")
             write_tree(work, {f: files[f] for f in src_files})
             gold = git(work, "diff", "--no-color", "--no-ext-diff")
-            git(work, "checkout", "--", ".")
-            git(work, "apply", "-", input=test_patch)
-            before = pytest_statuses(work, test_files)
-            git(work, "apply", "-", input=gold)
-            after = pytest_statuses(work, test_files)
         finally:
             git(repo, "worktree", "remove", "--force", str(work))
+    return {
+        "instance_id": iid, "repo": REPO_NAME, "base_commit": sha, "patch": gold, "test_patch": test_patch,
+        "problem_statement": inst["problem_statement"], "hints_text": "", "created_at": CREATED_AT,
+        "version": VERSION, "FAIL_TO_PASS": json.dumps(list(inst["fail_to_pass"])), "PASS_TO_PASS": "[]",
+        "environment_setup_commit": sha,
+    }
+
+
+def validate(repo: Path, row: dict[str, Any]) -> dict[str, Any]:
+    """PASS_TO_PASS measured, and the row checked: on the base + test_patch every FAIL_TO_PASS test
+    fails, with the gold patch every FAIL_TO_PASS and PASS_TO_PASS test passes (else ValueError)."""
+    iid, f2p = row["instance_id"], json.loads(row["FAIL_TO_PASS"])
+    test_files = sorted({t.split("::")[0] for t in f2p})
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        archive = subprocess.run(["git", "archive", row["base_commit"]], cwd=repo, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
+        git(work, "apply", "-", input=row["test_patch"])
+        before = pytest_statuses(work, test_files)
+        git(work, "apply", "-", input=row["patch"])
+        after = pytest_statuses(work, test_files)
     p2p = sorted(t for t, s in before.items() if s == "PASSED" and t not in f2p)
     if any(before.get(t) == "PASSED" for t in f2p) or not all(t in before for t in f2p):
         raise ValueError(f"{iid}: FAIL_TO_PASS must fail on the base commit: {[(t, before.get(t)) for t in f2p]}")
     bad = [t for t in f2p + p2p if after.get(t) != "PASSED"]
     if bad:
         raise ValueError(f"{iid}: the gold patch leaves {bad} failing")
-    return {
-        "instance_id": iid, "repo": REPO_NAME, "base_commit": sha, "patch": gold, "test_patch": test_patch,
-        "problem_statement": inst["problem_statement"], "hints_text": "", "created_at": CREATED_AT,
-        "version": VERSION, "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p),
-        "environment_setup_commit": sha,
-    }
+    return {**row, "PASS_TO_PASS": json.dumps(p2p)}
 
 
 def generate(out: Path) -> tuple[Path, Path]:
@@ -164,7 +176,9 @@ def generate(out: Path) -> tuple[Path, Path]:
     repo.mkdir()
     git(repo, "init", "-q")
     files = library_files()
-    rows = [build_row(repo, files, inst) for inst in INSTANCES]
+    built = [build_row(repo, files, inst) for inst in INSTANCES]
+    with ThreadPoolExecutor(max_workers=4) as pool:  # the pytest runs, side by side
+        rows = list(pool.map(lambda r: validate(repo, r), built))
     rows_path = out / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
     return repo, rows_path

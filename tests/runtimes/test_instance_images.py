@@ -165,7 +165,7 @@ def check_grades(trajs: dict, gold_id: str, wrong_id: str) -> None:
 
 @pytest.mark.skipif(swebench_available() != "5.0.2", reason="needs swebench==5.0.2: pip install 'polar_mq[swebench]'")
 def test_instance_images_docker_and_bwrap_gold_resolves_wrong_does_not(swegym, base_rootfs, engine, pipeline, api,
-                                                                       rootfs_store, tmp_path):
+                                                                       rootfs_store, tmp_path, capsys, monkeypatch):
     repo, rows_path = swegym
     rows = rows_of(rows_path)[:2]
     two = tmp_path / "rows.jsonl"
@@ -176,9 +176,12 @@ def test_instance_images_docker_and_bwrap_gold_resolves_wrong_does_not(swegym, b
     names = [f"sweb.eval.x86_64.{r['instance_id']}:latest" for r in rows]
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == [f"{n} built" for n in names], out.stdout
-    again = cli("image", "build", "--dataset", str(two), "--repo-dir", str(repo), "--base-rootfs",
-                str(base_rootfs), env=docker_env)
-    assert again.stdout.split("\n")[:2] == [f"{n} cached" for n in names], again.stdout
+    again = cli_here(capsys, monkeypatch, "image", "build", "--dataset", str(two), "--repo-dir", str(repo),
+                     "--base-rootfs", str(base_rootfs), env=docker_env)
+    assert again[0] == 0 and again[1].split("\n")[:2] == [f"{n} cached" for n in names], again
+    code, _, err = cli_here(capsys, monkeypatch, "image", "build", "--dataset", str(two), "--repo-dir", str(repo),
+                            "--base-image", "polar-not-here:1", "--limit", "1", env=docker_env)
+    assert code == 1 and "'polar-not-here:1' is not present in the local Docker engine" in err, err
     image = engine.client().images.get(names[0])
     assert image.labels["polar_mq.base_commit"] == rows[0]["base_commit"]
     head = engine.client().containers.run(names[0], ["git", "rev-parse", "HEAD"], remove=True, network_mode="none")
@@ -199,19 +202,35 @@ def test_instance_images_docker_and_bwrap_gold_resolves_wrong_does_not(swegym, b
     check_grades(trajs, rows[0]["instance_id"], rows[1]["instance_id"])
 
 
-def test_image_build_errors_are_clear(swegym, base_rootfs, tmp_path):
+def cli_here(capsys, monkeypatch, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`polar-mq ARGS` in this process (exit code, stdout, stderr): the cheap checks skip a start-up."""
+    from polar_mq.cli.commands import main
+
+    capsys.readouterr()
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_image_build_errors_are_clear(swegym, base_rootfs, tmp_path, capsys, monkeypatch):
     repo, rows_path = swegym
-    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--backend", "bwrap")
-    assert out.returncode == 2 and "--base-rootfs" in out.stderr
-    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(tmp_path), "--backend", "bwrap",
-              "--base-rootfs", str(base_rootfs), "--out", str(tmp_path / "s"), "--limit", "1")
-    assert out.returncode == 1 and "row 1: polar-mq__textkit-1: no git repository" in out.stderr, out.stderr
-    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--backend", "bwrap",
-              "--base-rootfs", str(tmp_path), "--limit", "1")
-    assert out.returncode == 1 and "is not a base rootfs" in out.stderr, out.stderr
-    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--harness", "nope",
-              "--base-image", "x")
-    assert out.returncode == 2 and "unknown harness 'nope'" in out.stderr
+    build = ("image", "build", "--dataset", str(rows_path), "--limit", "1")
+    code, _, err = cli_here(capsys, monkeypatch, *build, "--repo-dir", str(repo), "--backend", "bwrap")
+    assert code == 2 and "--base-rootfs" in err
+    code, _, err = cli_here(capsys, monkeypatch, *build, "--repo-dir", str(tmp_path), "--backend", "bwrap",
+                            "--base-rootfs", str(base_rootfs), "--out", str(tmp_path / "s"))
+    assert code == 1 and "row 1: polar-mq__textkit-1: no git repository" in err, err
+    code, _, err = cli_here(capsys, monkeypatch, *build, "--repo-dir", str(repo), "--backend", "bwrap",
+                            "--base-rootfs", str(tmp_path))
+    assert code == 1 and "is not a base rootfs" in err, err
+    code, _, err = cli_here(capsys, monkeypatch, *build, "--repo-dir", str(repo), "--harness", "nope",
+                            "--base-image", "x")
+    assert code == 2 and "unknown harness 'nope'" in err
+    code, _, err = cli_here(capsys, monkeypatch, *build, "--repo-dir", str(repo), "--base-image", "x",
+                            "--base-rootfs", str(base_rootfs))
+    assert code == 2 and "one of --base-rootfs DIR or --base-image NAME" in err
 
 
 @pytest.mark.full
@@ -245,3 +264,16 @@ def test_an_image_with_a_real_cli_runs_it_without_host_mounts(swegym, engine, tm
     version = engine.client().containers.run(name, ["claude", "--version"], remove=True, network_mode="none",
                                              environment={"HOME": "/tmp"})
     assert pkg.version in version.decode(), version
+    # the bwrap form: the CLI bound from the cache, its native libraries the base lacks bound too
+    out = cli("image", "build", "--dataset", str(rows_path), "--repo-dir", str(repo), "--base-rootfs", str(base),
+              "--harness", "claude_code", "--limit", "1", "--backend", "bwrap", "--out", str(tmp_path / "store"))
+    assert out.returncode == 0, out
+    from polar_mq.runtimes import get_runtime
+    from polar_mq.taskspec import RuntimeSpec
+
+    rt = get_runtime("bwrap")
+    handle = rt.start(RuntimeSpec(backend="bwrap", image=str(tmp_path / "store" / "sweb.eval.x86_64.polar-mq__textkit-1__latest")),
+                      tmp_path / "s", "s")
+    res = rt.exec(handle, "claude --version && git rev-parse HEAD", env={}, timeout=120, log_path=tmp_path / "log")
+    text = (tmp_path / "log").read_text()
+    assert res.exit_code == 0 and pkg.version in text and rows_of(rows_path)[0]["base_commit"] in text, text

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from polar_mq.runtimes.images import layout
-from polar_mq.runtimes.images.hostfs import read_manifest, tar_rootfs
+from polar_mq.runtimes.images.hostfs import copy_paths, elf_files, library_closure, read_manifest, tar_rootfs
 
 FORMAT = 1
 ARCH = "x86_64"
@@ -91,6 +91,18 @@ def harness_layer(name: str | None, cache_dir: str | os.PathLike | None = None) 
                               f"polar-mq harness install {name}")
     pkg = PACKAGES[name]
     return HarnessLayer(name, install_dir(name, cache_dir).resolve(), pkg.dirname, pkg.bin)
+
+
+def harness_libraries(harness: HarnessLayer, base_rootfs: str | Path | None) -> list[str]:
+    """Host shared libraries the harness layer's native files load that the base lacks (all of
+    them when the base is an engine image whose files are not known here)."""
+    if harness.source is None:
+        return []
+    libs = library_closure(elf_files(harness.source))
+    if base_rootfs is None:
+        return libs
+    base = Path(base_rootfs)
+    return [p for p in libs if not os.path.lexists(base / p.lstrip("/"))]
 
 
 def find_repo(repo_dir: str | Path, row: dict[str, Any]) -> Path:
@@ -169,8 +181,10 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def build_docker_image(client: Any, row: dict[str, Any], *, repo_dir: str | Path, base_image: str,
-                       harness: HarnessLayer, tag: str = "latest", force: bool = False) -> tuple[str, str]:
-    """(image name, "built" | "cached") for one row."""
+                       harness: HarnessLayer, tag: str = "latest", force: bool = False,
+                       base_rootfs: str | Path | None = None) -> tuple[str, str]:
+    """(image name, "built" | "cached") for one row; `base_rootfs`: the directory `base_image` was
+    imported from, when it was (the harness's libraries it already has are not added)."""
     from docker.errors import BuildError, ImageNotFound
 
     name = instance_image_name(row["instance_id"], tag)
@@ -195,6 +209,10 @@ def build_docker_image(client: Any, row: dict[str, Any], *, repo_dir: str | Path
         if harness.source is not None:
             shutil.copytree(harness.source, ctx / "harness", symlinks=True, copy_function=_link_or_copy)
             lines.append(f"COPY harness {harness.path_inside}")
+            libs = harness_libraries(harness, base_rootfs)
+            if libs:  # the CLI's native parts run on the image's loader: their libraries come along
+                copy_paths(ctx / "hostlibs", libs)
+                lines.append("COPY hostlibs/ /")
         lines += [f"ENV {k}={v}" for k, v in harness.env().items()]
         lines += ["WORKDIR /testbed"]
         lines += [f"LABEL {k}={json.dumps(v)}" for k, v in _labels(row, harness, digest).items()]
@@ -234,6 +252,7 @@ def build_rootfs_image(row: dict[str, Any], *, repo_dir: str | Path, base_rootfs
     try:
         prepare_testbed(source, row["base_commit"], tmp / "testbed")
         binds = [(str(harness.source), harness.path_inside)] if harness.source is not None else []
+        binds += [(os.path.realpath(p), p) for p in harness_libraries(harness, base)]
         img = layout.RootfsImage(path=dst, name=name, base_rootfs=base, workdir="/testbed", env=harness.env(),
                                  binds=binds, labels=_labels(row, harness, digest))
         (tmp / layout.IMAGE_FILE).write_text(json.dumps(img.to_json(), indent=1, sort_keys=True))
@@ -263,7 +282,7 @@ def build_images(rows: Iterable[tuple[int, dict[str, Any] | None, str | None]], 
         try:
             if backend == "docker":
                 name, status = build_docker_image(client, row, repo_dir=repo_dir, base_image=str(base_image),
-                                                  harness=harness, tag=tag, force=force)
+                                                  harness=harness, tag=tag, force=force, base_rootfs=base_rootfs)
             else:
                 name, status = build_rootfs_image(row, repo_dir=repo_dir, base_rootfs=str(base_rootfs),
                                                   harness=harness, out=out, tag=tag, force=force)

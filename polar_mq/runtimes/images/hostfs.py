@@ -148,6 +148,47 @@ class _Copier:
                     self.path(lib)
 
 
+def elf_files(root: str | Path) -> list[str]:
+    """ELF executables and shared objects under `root` (executable files, *.so*, *.node)."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p) or not (os.access(p, os.X_OK) or name.endswith((".node", ".so")) or ".so." in name):
+                continue
+            try:
+                with open(p, "rb") as fh:
+                    if fh.read(4) == b"\x7fELF":
+                        out.append(p)
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def library_closure(elves: Iterable[str]) -> list[str]:
+    """The host shared libraries `elves` load, transitively, each at its path with the directory
+    part resolved (`/lib/x86_64-linux-gnu/librt.so.1` -> `/usr/lib/x86_64-linux-gnu/librt.so.1` on
+    a merged-/usr host), loader included. Files for another architecture load nothing here."""
+    seen: set[str] = set()
+    todo = sorted(set(elves))
+    while todo:
+        batch, todo = todo[:64], todo[64:]
+        out = subprocess.run(["ldd", *batch], capture_output=True, text=True, timeout=120)
+        for lib in _LDD.findall(out.stdout):
+            lib = os.path.join(os.path.realpath(os.path.dirname(lib)), os.path.basename(lib))
+            if lib not in seen and os.path.exists(lib):
+                seen.add(lib)
+                todo.append(lib)
+    return sorted(seen)
+
+
+def copy_paths(root: str | Path, paths: Iterable[str]) -> None:
+    """Host `paths` (and the files their symlinks name) into `root` at the same paths."""
+    cp = _Copier(Path(root))
+    for p in paths:
+        cp.path(p)
+
+
 def _ldconfig(soname: str) -> list[str]:
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
