@@ -277,3 +277,18 @@ def test_an_image_with_a_real_cli_runs_it_without_host_mounts(swegym, engine, tm
     res = rt.exec(handle, "claude --version && git rev-parse HEAD", env={}, timeout=120, log_path=tmp_path / "log")
     text = (tmp_path / "log").read_text()
     assert res.exit_code == 0 and pkg.version in text and rows_of(rows_path)[0]["base_commit"] in text, text
+
+
+def test_auto_runs_a_rootfs_image_under_bwrap_where_no_engine_answers(swegym, base_rootfs, tmp_path, monkeypatch):
+    from polar_mq.runtimes import NoIsolation, select_backend
+    from polar_mq.runtimes.images.build import build_rootfs_image, harness_layer
+
+    repo, rows_path = swegym
+    row = rows_of(rows_path)[0]
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.setenv("POLAR_ROOTFS_DIR", str(tmp_path / "store"))
+    name, status = build_rootfs_image(row, repo_dir=repo, base_rootfs=base_rootfs, harness=harness_layer("shell"))
+    assert status == "built" and name == f"sweb.eval.x86_64.{row['instance_id']}:latest"
+    assert select_backend(name) == "bwrap"
+    with pytest.raises(NoIsolation, match="not run under bwrap on the host filesystem"):
+        select_backend("sweb.eval.x86_64.not-built:latest")

@@ -77,7 +77,7 @@ class HarnessLayer:
         return {"PATH": f"{self.path_inside}/node_modules/.bin:{SYSTEM_PATH}"}
 
 
-def harness_layer(name: str | None, cache_dir: str | os.PathLike | None = None) -> HarnessLayer:
+def harness_layer(name: str | None, cache_dir: os.PathLike | None = None) -> HarnessLayer:
     """The pinned CLI of harness `name` from the harness cache (`polar-mq harness install NAME`);
     `shell` (or none) adds nothing."""
     if not name or name == "shell":
