@@ -98,6 +98,16 @@ def test_rows_regenerate_identically_and_hold_swe_gym_fields(swegym):
 
 
 @pytest.fixture(scope="module")
+def two_rows(swegym, tmp_path_factory):
+    """(rows.jsonl of instances 1 and 2, the agent's patches by base commit: 1 gold, 2 wrong)."""
+    repo, rows_path = swegym
+    rows = rows_of(rows_path)[:2]
+    two = tmp_path_factory.mktemp("two") / "rows.jsonl"
+    two.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return two, {rows[0]["base_commit"]: rows[0]["patch"], rows[1]["base_commit"]: wrong_patch(repo, rows[1])}
+
+
+@pytest.fixture(scope="module")
 def engine():
     eng, why = start_engine()
     if eng is None:
@@ -164,12 +174,11 @@ def check_grades(trajs: dict, gold_id: str, wrong_id: str) -> None:
 
 
 @pytest.mark.skipif(swebench_available() != "5.0.2", reason="needs swebench==5.0.2: pip install 'polar_mq[swebench]'")
-def test_instance_images_docker_and_bwrap_gold_resolves_wrong_does_not(swegym, base_rootfs, engine, pipeline, api,
-                                                                       rootfs_store, tmp_path, capsys, monkeypatch):
-    repo, rows_path = swegym
-    rows = rows_of(rows_path)[:2]
-    two = tmp_path / "rows.jsonl"
-    two.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def test_instance_images_docker_gold_resolves_wrong_does_not(swegym, two_rows, base_rootfs, engine, pipeline, api,
+                                                             tmp_path, capsys, monkeypatch):
+    repo, _ = swegym
+    two, _patches = two_rows
+    rows = rows_of(two)
     docker_env = {"DOCKER_HOST": engine.host}
     out = cli("image", "build", "--dataset", str(two), "--repo-dir", str(repo), "--base-rootfs", str(base_rootfs),
               env=docker_env)
@@ -187,14 +196,22 @@ def test_instance_images_docker_and_bwrap_gold_resolves_wrong_does_not(swegym, b
     head = engine.client().containers.run(names[0], ["git", "rev-parse", "HEAD"], remove=True, network_mode="none")
     assert head.decode().strip() == rows[0]["base_commit"]  # /testbed at the base commit, sha kept
 
-    patches = {rows[0]["base_commit"]: rows[0]["patch"], rows[1]["base_commit"]: wrong_patch(repo, rows[1])}
+    patches = two_rows[1]
     trajs = run_rows(pipeline, api, tmp_path, two, "docker", patches, policy_version=1)
     check_grades(trajs, rows[0]["instance_id"], rows[1]["instance_id"])
     for traj in trajs.values():
         assert traj.metadata["grade"]["metadata"]["patch"]["applied"]
     assert engine.containers() == []  # session and fresh grading containers removed
 
-    # bwrap: the same rows as rootfs image directories on the same base
+
+@pytest.mark.skipif(swebench_available() != "5.0.2", reason="needs swebench==5.0.2: pip install 'polar_mq[swebench]'")
+def test_instance_images_bwrap_gold_resolves_wrong_does_not(swegym, two_rows, base_rootfs, pipeline, api, rootfs_store,
+                                                             tmp_path):
+    """The same two rows as rootfs image directories on the same base, run and graded under bwrap."""
+    repo, _ = swegym
+    two, patches = two_rows
+    rows = rows_of(two)
+    names = [f"sweb.eval.x86_64.{r['instance_id']}:latest" for r in rows]
     out = cli("image", "build", "--dataset", str(two), "--repo-dir", str(repo), "--base-rootfs", str(base_rootfs),
               "--backend", "bwrap", "--out", str(rootfs_store))
     assert out.returncode == 0 and out.stdout.split("\n")[:2] == [f"{n} built" for n in names], out
