@@ -73,8 +73,6 @@ def _probe(python: str) -> dict[str, str]:
 def _requirements(names: Iterable[str]) -> list[metadata.Distribution]:
     """The distributions `names` and what they require (markers evaluated here), installed in the
     environment running polar_mq."""
-    from packaging.requirements import Requirement
-
     seen: dict[str, metadata.Distribution] = {}
     todo = list(names)
     while todo:
@@ -88,10 +86,21 @@ def _requirements(names: Iterable[str]) -> list[metadata.Distribution]:
             raise RootfsError(f"package {name!r} is not installed where polar_mq runs (pip install {name})") from exc
         seen[key] = dist
         for req in dist.requires or []:
-            r = Requirement(req)
-            if r.marker is None or r.marker.evaluate({"extra": ""}):
-                todo.append(r.name)
+            name_ok = _required(req)
+            if name_ok:
+                todo.append(name_ok)
     return sorted(seen.values(), key=lambda d: d.metadata["Name"].lower())
+
+
+def _required(req: str) -> str | None:
+    """The distribution a requirement line names when it applies here without extras, else None."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # packaging comes with pytest and pip's environments; without it: no markers
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        return m.group(1) if m and ";" not in req else None
+    r = Requirement(req)
+    return r.name if r.marker is None or r.marker.evaluate({"extra": ""}) else None
 
 
 class _Copier:
