@@ -7,7 +7,7 @@ session's work dir, started as a copy of the image's `testbed/` (so a grader's f
 the same image starts from the pristine repository again); /tmp is private; HOME and logs are the
 session dir as always. From the host only what polar_mq itself needs inside is bound read-only at
 its own path: the interpreter running polar_mq (its prefixes; the network bridge runs on it), the
-polar_mq checkout, the harness cache (the pinned CLIs, as the docker runtime mounts it), and the
+polar_mq package directory, the harness cache (the pinned CLIs, as the docker runtime mounts it), and the
 image's own binds (its harness layer). Nothing else of the host is visible, so no host path needs
 hiding. Guarded by tests/runtimes/test_instance_images.py.
 """
@@ -53,8 +53,8 @@ def host_paths() -> list[str]:
     import polar_mq
     from polar_mq.harnesses.install import default_cache_dir
 
-    cands = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
-                                           str(Path(polar_mq.__file__).resolve().parents[1]))}
+    # the package directory alone, not the checkout around it (which may hold a token file)
+    cands = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(Path(polar_mq.__file__).resolve().parent))}
     cache = default_cache_dir()
     if cache.is_dir():
         cands.add(str(cache.resolve()))

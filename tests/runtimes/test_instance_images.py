@@ -309,3 +309,12 @@ def test_auto_runs_a_rootfs_image_under_bwrap_where_no_engine_answers(swegym, ba
     assert select_backend(name) == "bwrap"
     with pytest.raises(NoIsolation, match="not run under bwrap on the host filesystem"):
         select_backend("sweb.eval.x86_64.not-built:latest")
+    # in the image: its repository at /testbed; of the host only the package dir, not the checkout
+    from polar_mq.runtimes import get_runtime
+    from polar_mq.taskspec import RuntimeSpec
+
+    rt = get_runtime("bwrap")
+    handle = rt.start(RuntimeSpec(backend="bwrap", image=name), tmp_path / "s", "s")
+    res = rt.exec(handle, f"git rev-parse HEAD; test -d {ROOT}/polar_mq && test ! -e {ROOT}/README.md && echo hidden",
+                  env={}, timeout=60, log_path=tmp_path / "log")
+    assert res.exit_code == 0 and (tmp_path / "log").read_text().split() == [row["base_commit"], "hidden"]
