@@ -89,7 +89,7 @@ def _client():
 
 def _build(args: argparse.Namespace) -> int:
     from polar_mq.rl.datasets import DatasetError, load_rows
-    from polar_mq.runtimes.images.build import ImageBuildError, build_images, harness_layer, import_base
+    from polar_mq.runtimes.images.build import ARCH, ImageBuildError, build_images, harness_layer, import_base
 
     if args.backend == "bwrap" and not args.base_rootfs:
         print("error: --backend bwrap needs --base-rootfs DIR (polar-mq image base --out DIR)", file=sys.stderr)
@@ -125,5 +125,6 @@ def _build(args: argparse.Namespace) -> int:
         else:
             print(f"{b.image} {b.status}", flush=True)
     ok = len(built) - errors
-    print(f"{len(built)} row(s): {ok} image(s) ready ({args.backend}), {errors} failed", file=sys.stderr)
+    print(f"{len(built)} row(s): {ok} image(s) ready ({args.backend}), {errors} failed; submit them with "
+          f"--image-template 'sweb.eval.{ARCH}.{{instance_id_lower}}:{args.tag}'", file=sys.stderr)
     return 1 if errors else 0

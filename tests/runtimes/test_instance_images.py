@@ -144,7 +144,7 @@ def run_rows(pipeline, api, tmp_path, rows_file: Path, backend: str, patches: di
         "runtime": {"backend": backend, "workdir": "/testbed"},
         "grader": {"strategy": "swebench", "config": {"timeout": 120}}}))
     out = cli("submit", "--dataset", str(rows_file), "--template", str(template), "--api", api.url, "--token", "",
-              "--image-template", "sweb.eval.x86_64.{instance_id_raw}:latest",
+              "--image-template", "sweb.eval.x86_64.{instance_id_lower}:latest",
               "--policy-version", str(policy_version), timeout=120)
     assert out.returncode == 0, (out.stdout, out.stderr)
     task_ids = out.stdout.split()
