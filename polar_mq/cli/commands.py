@@ -270,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_top(sub)
     from polar_mq.cli.redis_acl import add_command as add_redis_acl
     add_redis_acl(sub)
+    from polar_mq.cli.image import add_command as add_image
+    add_image(sub)
     from polar_mq.deploy.slurm import add_command as add_deploy
     add_deploy(sub)
     from polar_mq.cli import client_commands as client_cli

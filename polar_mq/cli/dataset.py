@@ -21,7 +21,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-version", type=int, help="with --dataset: metadata.policy_version of every task")
     p.add_argument("--image-template", help="with --dataset: runtime.image per row, e.g. "
                                             "'sweb.eval.x86_64.{instance_id}:latest' ({instance_id} in swebench's "
-                                            "image form: lower case, __ → _1776_; {instance_id_raw} as written)")
+                                            "image form: lower case, __ → _1776_; {instance_id_lower} lower case, as `polar-mq image "
+                                            "build` names images; {instance_id_raw} as written)")
     p.add_argument("--split", help="with a DatasetDict directory: the split (default train)")
     p.add_argument("--early-stop", type=int, metavar="N", dest="early_stop",
                    help="early_stop_min_usable_sessions of every task: once N sessions are graded "

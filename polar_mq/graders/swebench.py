@@ -232,7 +232,9 @@ class SWEBenchGrader(Grader):
             lines.append(restore)
         test_patch = self.instance.get("test_patch") or ""
         if test_patch.strip():
-            lines.append(f"{git} apply -v - <<'EOF_POLAR_TEST_PATCH'\n{test_patch.rstrip()}\nEOF_POLAR_TEST_PATCH")
+            # as written: a patch whose last line is a blank context line (" ") is corrupt once stripped
+            body = test_patch if test_patch.endswith("\n") else test_patch + "\n"
+            lines.append(f"{git} apply -v - <<'EOF_POLAR_TEST_PATCH'\n{body}EOF_POLAR_TEST_PATCH")
         lines += [f"echo '{START}'", self.config["eval_command"], f"echo '{END}'"]
         if restore:
             lines.append(restore)

@@ -74,7 +74,9 @@ class Workspace:
         if log_path.exists():
             log_path.unlink()  # exec appends; one log per command
         try:
-            result = self.runtime.exec(self.handle, command, env=dict(env or {}), timeout=limit,
+            # bash by name: the scripts here use arrays and process substitution, and a runtime's
+            # own shell may be dash (docker's `sh -c`; tests/runtimes/test_instance_images.py)
+            result = self.runtime.exec(self.handle, ["bash", "-c", command], env=dict(env or {}), timeout=limit,
                                        log_path=log_path)
         except Exception as exc:  # the runtime itself failed (container gone, daemon down...)
             raise InfraError(f"{self.label} runtime could not run {name!r}: {exc}") from exc

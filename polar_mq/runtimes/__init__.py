@@ -1,8 +1,8 @@
 """Runtimes: where a session's harness runs. `get_runtime(backend)` returns one by name.
 
 A TaskRequest without `runtime.backend` gets ``auto``: the safest runtime this worker has
-(`select_backend`): docker when the task names an image and an engine answers, else bwrap when
-bubblewrap works here. It fails closed (NoIsolation: the session ends ERROR with the reason):
+(`select_backend`): docker when the task names an image and an engine answers (else bwrap when the
+image is a rootfs image directory built here: docs/swegym.md), else bwrap when bubblewrap works here. It fails closed (NoIsolation: the session ends ERROR with the reason):
 never the local runtime, and never an image's task under bwrap on the host filesystem when no
 docker engine answers (tests/trust/test_trust_auto.py). The choice is made once, by the init worker,
 and kept in the session's runtime handle, so every later stage uses the same one.
@@ -69,14 +69,26 @@ def docker_works() -> bool:
         return False
 
 
+def _is_rootfs_image(image: str) -> bool:
+    from polar_mq.runtimes.images.layout import resolve
+
+    try:
+        return resolve(image) is not None
+    except ValueError:
+        return False
+
+
 def select_backend(image: str | None, session_id: str = "") -> str:
     """The safest backend available for a task (docker needs an image); NoIsolation when none."""
     if image:
         if docker_works():
             return "docker"
+        if bwrap_works() and _is_rootfs_image(image):  # the image itself, as a directory (bwrap_rootfs.py)
+            return "bwrap"
         raise NoIsolation(f"runtime auto: the task names image {image!r} but no docker engine answers on this "
                           f"worker; it is not run under bwrap on the host filesystem instead (start a docker "
-                          f"engine here, or name runtime.backend)")
+                          f"engine here, build it as a rootfs image: polar-mq image build --backend bwrap, "
+                          f"or name runtime.backend)")
     if bwrap_works():
         return "bwrap"
     raise NoIsolation("runtime auto: no isolation available on this worker (bubblewrap cannot make a sandbox "

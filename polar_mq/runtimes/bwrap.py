@@ -24,6 +24,10 @@ that (:mod:`polar_mq.runtimes.egress`); the gateway is bridged the same way as w
 session's ``work`` dir); ``gpus`` binds the host's /dev. ``cpus``/``memory_mb`` are not enforced
 by bubblewrap (it has no cgroup support); they are logged and ignored.
 
+``runtime.image`` naming a rootfs image directory (``polar-mq image build --backend bwrap``) runs
+the sandbox on that image's root filesystem instead of the host's (``bwrap_rootfs.py``); an image
+name that is no such directory is an error, never the host's filesystem.
+
 Tests: tests/runtimes/test_runtimes_bwrap.py, tests/trust/test_trust_sandbox.py.
 """
 
@@ -40,6 +44,7 @@ from typing import Any, Callable
 from polar_mq.model import RuntimeHandle
 from polar_mq.taskspec import RuntimeSpec
 from polar_mq.runtimes.base import ExecResult, OnStart
+from polar_mq.runtimes.bwrap_rootfs import bridge_python, image_of, root_argv, start_in_image
 from polar_mq.runtimes.local import LocalRuntime, base_env, kill_group, supervise
 from polar_mq.runtimes import egress
 from polar_mq.runtimes.netbridge import UnixRelay, sandbox_forwards
@@ -106,11 +111,13 @@ class BwrapRuntime(LocalRuntime):
         if bwrap_path() is None:
             raise RuntimeError("the bwrap backend needs bubblewrap (apt-get install bubblewrap)")
         session_dir = Path(session_dir).resolve()
+        image = image_of(spec)  # a rootfs image (bwrap_rootfs.py), else the host's filesystem
         handle = super().start(spec, session_dir, session_id)
         if spec.cpus or spec.memory_mb:
             log.warning("bwrap: cpus/memory_mb are not enforced by bubblewrap (session %s)", session_id)
-        return handle.updated(backend=self.backend, cwd=spec.workdir or handle.workdir,
-                              allow_internet=bool(spec.allow_internet), gpus=spec.gpus or 0)
+        handle = handle.updated(backend=self.backend, cwd=spec.workdir or handle.workdir,
+                                allow_internet=bool(spec.allow_internet), gpus=spec.gpus or 0)
+        return start_in_image(image, spec, handle) if image is not None else handle
 
     def argv(self, handle: RuntimeHandle, command: list[str], bridges: list[tuple[str, int, str]],
              net_fds: tuple[int, int] | None = None, resolv: str | None = None) -> list[str]:
@@ -122,16 +129,20 @@ class BwrapRuntime(LocalRuntime):
             argv.append("--share-net")
         if net_fds is not None:  # no capability may remove the prohibit routes
             argv += ["--cap-drop", "ALL", "--info-fd", str(net_fds[0]), "--block-fd", str(net_fds[1])]
-        argv += ["--ro-bind", "/", "/"]
-        argv += ["--dev-bind", "/dev", "/dev"] if handle.gpus else ["--dev", "/dev"]
-        argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
-        for path in host_paths_under_tmp():  # the private /tmp must not hide our interpreter
-            argv += ["--ro-bind", path, path]
-        for path in hidden_host_paths():  # tokens, other sessions' dirs and keys, daemons' sockets
-            if path != sdir:
-                argv += ["--tmpfs", path]
-        if resolv:  # slirp4netns's DNS, where the host's resolv.conf points (maybe under the hidden /run)
-            argv += ["--ro-bind", resolv, os.path.realpath("/etc/resolv.conf")]
+        in_image = root_argv(handle, BRIDGE_DIR)
+        if in_image is not None:  # the image's rootfs: nothing of the host to hide
+            argv += in_image
+        else:
+            argv += ["--ro-bind", "/", "/"]
+            argv += ["--dev-bind", "/dev", "/dev"] if handle.gpus else ["--dev", "/dev"]
+            argv += ["--proc", "/proc", "--tmpfs", "/tmp"]
+            for path in host_paths_under_tmp():  # the private /tmp must not hide our interpreter
+                argv += ["--ro-bind", path, path]
+            for path in hidden_host_paths():  # tokens, other sessions' dirs and keys, daemons' sockets
+                if path != sdir:
+                    argv += ["--tmpfs", path]
+            if resolv:  # slirp4netns's DNS, where the host's resolv.conf points (maybe under the hidden /run)
+                argv += ["--ro-bind", resolv, os.path.realpath("/etc/resolv.conf")]
         argv += ["--bind", sdir, sdir]
         cwd = handle.cwd or handle.workdir
         if cwd != handle.workdir:
@@ -140,7 +151,7 @@ class BwrapRuntime(LocalRuntime):
             argv += ["--bind", bridges[0][2], BRIDGE_DIR]
         argv += ["--chdir", cwd, "--"]
         if bridges:
-            argv += [sys.executable, "-m", "polar_mq.runtimes.netbridge"]
+            argv += bridge_python(handle) or [sys.executable, "-m", "polar_mq.runtimes.netbridge"]
             for host, port, _ in bridges:
                 argv += ["--listen", f"{host}:{port}={BRIDGE_DIR}/{port}.sock"]
             argv.append("--")

@@ -97,6 +97,9 @@ def test_swebench_rows_become_swebench_graded_tasks(tmp_path):
     assert custom[0].task["instruction"] == "Fix acme/calc: mul(3, 4) returns 7 instead of 12 {json}"
     assert custom[0].task["task_id"] == "acme__calc-1"
     assert image_name("img/{instance_id_raw}", {"instance_id": "a__B"}) == "img/a__B"
+    # images built here (polar-mq image build) are named in lower case, `__` kept
+    assert image_name("sweb.eval.x86_64.{instance_id_lower}:latest", {"instance_id": "Org__Repo-7"}) == \
+        "sweb.eval.x86_64.org__repo-7:latest"
 
 
 def test_generic_rows_ids_and_selection(tmp_path):

@@ -69,11 +69,13 @@ def fill(template: str, fields: dict[str, Any]) -> str:
 
 
 def image_name(template: str, row: dict[str, Any]) -> str:
-    """`--image-template`: `{instance_id}` in swebench's image-name form, `{instance_id_raw}` as
-    written, any other row field by name (e.g. `sweb.eval.x86_64.{instance_id}:latest`)."""
+    """`--image-template`: `{instance_id}` in swebench's image-name form (hub images),
+    `{instance_id_lower}` lower case (images built here: `polar-mq image build`), `{instance_id_raw}`
+    as written, any other row field by name (e.g. `sweb.eval.x86_64.{instance_id}:latest`)."""
     iid = str(row.get("instance_id", ""))
     fields = {k: v for k, v in row.items() if isinstance(v, (str, int, float))}
-    return fill(template, {**fields, "instance_id": docker_instance_id(iid), "instance_id_raw": iid})
+    return fill(template, {**fields, "instance_id": docker_instance_id(iid), "instance_id_raw": iid,
+                           "instance_id_lower": iid.lower()})
 
 
 def instruction(row: dict[str, Any], template: str | None) -> str:
