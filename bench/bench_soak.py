@@ -13,8 +13,9 @@ For each pool in --pools, a fresh deployment, then N sessions of a cheap agent i
 The agent (bash + curl, the `shell` harness) sends the recorded requests of a real CLI (default
 tests/replays/pi/openai_chat.json: two streamed ~6 KB chat calls with tools and a tool result;
 --replay picks another openai_chat recording) through the gateway, and each body straight to the
-upstream right after or before (random order), so every gateway call has a paired direct call
-under the same load: added latency = through the gateway − direct. Then it holds its slot --hold
+upstream right after or before (random order). The gateway's added latency is per call: the
+client's time (curl) minus the upstream's part as the gateway timed it (the capture record's
+latency_ms); through the gateway − direct is reported too. Then the agent holds its slot --hold
 seconds. curl -f: a refused call fails the session.
 
 Reported per pool (one column each): completed / lost (not terminal at the end) / duplicated
@@ -52,7 +53,7 @@ from polar_mq import states  # noqa: E402
 from polar_mq.cli import slots  # noqa: E402
 from polar_mq.cli.embedded_redis import free_port  # noqa: E402
 from polar_mq.cli.up import launch, wait_http  # noqa: E402
-from polar_mq.store.core import connect  # noqa: E402
+from polar_mq.store.core import GatewayStore, connect  # noqa: E402
 from polar_mq.store.pipeline import PipelineStore  # noqa: E402
 from tests.support.procmem import pool_pids, pss_mib  # noqa: E402
 
@@ -67,9 +68,11 @@ gw() { curl -sSf -o /dev/null -w '%{time_total}' -H "Authorization: Bearer $OPEN
        -H 'Content-Type: application/json' --data-binary @"$1" "$OPENAI_BASE_URL/chat/completions"; }
 up() { curl -sSf -o /dev/null -w '%{time_total}' -H 'Content-Type: application/json' \
        --data-binary @"$1" "$UPSTREAM/v1/chat/completions"; }
+i=0
 for f in "$BODIES"/*.json; do
   if [ $((RANDOM % 2)) = 0 ]; then g=$(gw "$f"); d=$(up "$f"); else d=$(up "$f"); g=$(gw "$f"); fi
-  echo "$g $d" >> "$LATENCY"
+  echo "$POLAR_SESSION_ID $i $g $d" >> "$LATENCY"
+  i=$((i + 1))
 done
 sleep "$HOLD"
 """
@@ -339,9 +342,22 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
     starts = sorted(rec.timings["running_start"] for rec in recs if rec.timings.get("running_start"))
     spans = [(rec.timings["running_start"], rec.timings.get("running_end", elapsed + t0))
              for rec in recs if rec.timings.get("running_start")]
-    pairs = [tuple(map(float, ln.split())) for ln in latency.read_text().splitlines() if ln.strip()]
-    added = [(g - d) * 1000 for g, d in pairs]
+    lines = [ln.split() for ln in latency.read_text().splitlines() if ln.strip()]
+    pairs = [(float(g), float(d)) for _, _, g, d in lines]
+    vs_direct = [(g - d) * 1000 for g, d in pairs]
     direct = [d * 1000 for _, d in pairs]
+    # What the gateway adds to a call: the client's time for it minus the upstream's part as the
+    # gateway timed it (the capture record's latency_ms), the same call on both sides. (Through the
+    # gateway − a direct call of the same body differs by the stand-in's queueing of a fresh
+    # connection against the gateway's pooled ones once it is saturated.)
+    gws = GatewayStore(r)
+    recorded: dict[tuple[str, int], float] = {}
+    for rec in recs:
+        if rec.gateway_session_id:
+            calls = sorted(gws.calls(rec.gateway_session_id), key=lambda c: c.started_at)
+            for i, c in enumerate(calls):
+                recorded[(rec.session_id, i)] = c.latency_ms
+    added = [float(g) * 1000 - recorded[(sid, int(i))] for sid, i, g, _ in lines if (sid, int(i)) in recorded]
     redis_s = cpu1 - cpu0
     per_cmd = {k: (c - cmd0.get(k, (0, 0))[0], u - cmd0.get(k, (0, 0))[1]) for k, (c, u) in cmd1.items()}
     per_cmd = {k: v for k, v in per_cmd.items() if v[0] > 0 and k not in ("info", "scard")}
@@ -362,6 +378,9 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
                                                                              for rec in recs).items())),
         "calls_captured": calls_total, "calls_per_session": calls_per_session,
         "gateway_added_ms_p50": round(pct(added, .5), 1), "gateway_added_ms_p99": round(pct(added, .99), 1),
+        "gateway_added_paired_calls": len(added),
+        "gateway_minus_direct_ms_p50": round(pct(vs_direct, .5), 1),
+        "gateway_minus_direct_ms_p99": round(pct(vs_direct, .99), 1),
         "gateway_ms_p50": round(pct([g * 1000 for g, _ in pairs], .5), 1),
         "gateway_ms_p99": round(pct([g * 1000 for g, _ in pairs], .99), 1),
         "upstream_direct_ms_p50": round(pct(direct, .5), 1),
@@ -375,6 +394,8 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
         "redis_cmds_per_session": round(sum(c for c, _ in per_cmd.values()) / n, 1),
         "redis_cmd_usec_per_session": round(cmd_usec / n),
         "redis_top_cmds_usec_per_session": ", ".join(f"{k} {u / n:.0f}" for k, (_, u) in top),
+        "redis_top_cmds_calls_per_session": ", ".join(f"{k} {c / n:.1f}" for k, (c, _) in sorted(
+            per_cmd.items(), key=lambda kv: -kv[1][0])[:8]),
         "redis_peak_clients": peak_clients[0],
         "redis_mem_delta_mib": round((mem1 - mem0) / 2**20, 1),
         "redis_bytes_per_session": int((mem1 - mem0) / n),

@@ -45,3 +45,5 @@ def test_soak_across_two_hosts(tmp_path) -> None:
     assert res["redis_cpu_ms_per_session"] > 0 and res["redis_cmds_per_session"] > 10
     assert res["redis_bytes_per_session"] > 1000 and 0 < res["run_pool_pss_mib"] < 1024
     assert res["gateway_ms_p50"] > 0 and res["dispatch_rate_per_s"] > 0
+    # the gateway's added latency is paired per call with its capture record's upstream time
+    assert res["gateway_added_paired_calls"] == SESSIONS * 2
