@@ -263,7 +263,7 @@ def _many_hosts(pool: str, hosts: int, run_slots: int | None, work: Path, model_
 
 
 def soak(pool: str, n: int, run_slots: int | None, hold: float, tmp: Path, timeout: float,
-         replay: Path = REPLAY, hosts: int = 0, idle_s: float = 5.0) -> dict:
+         replay: Path = REPLAY, hosts: int = 0, idle_s: float = 5.0, monitor_to: Path | None = None) -> dict:
     work = tmp / pool
     bodies = work / "bodies"
     calls_per_session = write_bodies(bodies, replay)
@@ -280,13 +280,15 @@ def soak(pool: str, n: int, run_slots: int | None, hold: float, tmp: Path, timeo
         dep = _single_host(pool, run_slots or slots.concurrency_for("run", pool, slots.host()), work, model_args)
     setup_s = time.time() - t_setup
     try:
-        return _measure(pool, n, dep, bodies, calls_per_session, latency, hold, timeout, load0, setup_s, idle_s)
+        return _measure(pool, n, dep, bodies, calls_per_session, latency, hold, timeout, load0, setup_s, idle_s,
+                        monitor_to)
     finally:
         dep.stop()
 
 
 def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session: int, latency: Path,
-             hold: float, timeout: float, load0: tuple[float, ...], setup_s: float, idle_s: float) -> dict:
+             hold: float, timeout: float, load0: tuple[float, ...], setup_s: float, idle_s: float,
+             monitor_to: Path | None = None) -> dict:
     r = connect(dep.redis_url)
     store = PipelineStore(r)
     time.sleep(2.0)  # the pools' first beats: run@node must be live before init prepares
@@ -295,6 +297,13 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
     cpu0, mem0, cmd0 = redis_cpu(r), int(r.info("memory")["used_memory"]), commandstats(r)
     idle_rate = (cpu0 - idle0) / idle_s
     role_cpu0 = {k: cpu_s(f()) for k, f in dep.roles.items()}
+    monitor = None
+    if monitor_to is not None:  # every command Redis runs, to a file (costs Redis CPU: a run of its own)
+        url = dep.redis_url.removeprefix("redis://").split("/")[0]
+        host, _, port = url.rpartition(":")
+        monitor = subprocess.Popen(["redis-cli", "-h", host, "-p", port, "MONITOR"],
+                                   stdout=open(monitor_to, "wb"), stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
     peak_pss, peak_procs, peak_clients, stop = [0.0], [0], [0], threading.Event()
 
     def sample() -> None:
@@ -324,6 +333,9 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
             break
         time.sleep(1.0)
     elapsed = time.time() - t0
+    if monitor is not None:
+        monitor.terminate()
+        monitor.wait()
     stop.set()
     sampler.join()
     cpu1, mem1, cmd1 = redis_cpu(r), int(r.info("memory")["used_memory"]), commandstats(r)
@@ -438,6 +450,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--replay", type=Path, default=REPLAY, help="a recorded openai_chat replay (tests/replays)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds the idle deployment's Redis CPU is measured")
+    ap.add_argument("--monitor", type=Path,
+                    help="capture Redis MONITOR during the run into FILE (POOL appended); for the command mix "
+                         "and bench/bench_redis_ceiling.py, not for figures: MONITOR slows Redis")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-soak-"))
@@ -445,7 +460,8 @@ def main() -> int:
     for pool in [p.strip() for p in args.pools.split(",") if p.strip()]:
         run_slots = (args.prefork_run_slots if pool == "prefork" and args.prefork_run_slots else args.run_slots) or None
         res = soak(pool, args.sessions, run_slots, args.hold, tmp, args.timeout, args.replay, args.hosts,
-                   max(0.5, args.idle))
+                   max(0.5, args.idle),
+                   args.monitor.with_name(f"{args.monitor.name}.{pool}") if args.monitor else None)
         print(json.dumps(res), flush=True)
         results.append(res)
     print()

@@ -1,7 +1,8 @@
 """The multi-host soak's path at a small size, in the default run: bench/bench_soak.py --hosts 2
 (a hub and two worker hosts as network namespaces, tests/support/netns.py), 32 sessions of the
 curl agent replaying a real CLI's recorded chat calls through the gateway, threads pool. The
-1,024-session run is the same command with --hosts 4 --sessions 1024 (docs/benchmarks.md)."""
+1,024-session run is the same command with --hosts 4 --sessions 1024 (docs/benchmarks.md). Its
+Redis traffic (MONITOR) then replays through bench/bench_redis_ceiling.py."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_soak_across_two_hosts(tmp_path) -> None:
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_soak.py"), "--hosts", str(HOSTS),
                            "--sessions", str(SESSIONS), "--pools", "threads", "--run-slots", str(RUN_SLOTS),
-                           "--hold", "1", "--idle", "1", "--timeout", "120", "--json", str(out)],
+                           "--hold", "1", "--idle", "1", "--timeout", "120", "--json", str(out),
+                           "--monitor", str(tmp_path / "monitor")],
                           capture_output=True, text=True, timeout=240, cwd=ROOT,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     print(proc.stdout[-4000:])
@@ -47,3 +49,16 @@ def test_soak_across_two_hosts(tmp_path) -> None:
     assert res["gateway_ms_p50"] > 0 and res["dispatch_rate_per_s"] > 0
     # the gateway's added latency is paired per call with its capture record's upstream time
     assert res["gateway_added_paired_calls"] == SESSIONS * 2
+
+    # the run's Redis traffic, captured, replays against a bare Redis (where one Redis ends)
+    ceiling = tmp_path / "ceiling.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_redis_ceiling.py"),
+                           str(tmp_path / "monitor.threads"), "--procs", "1", "--seconds", "2",
+                           "--json", str(ceiling)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c = json.loads(ceiling.read_text())
+    assert c["sessions_replayed"] >= SESSIONS and c["commands_per_session"] > 10
+    # the replay is faithful: rewritten copies run the scripts' paths, not errors
+    assert c["error_replies"] <= 0.01 * c["sessions_replayed"] * c["commands_per_session"], c
+    assert c["redis_cpu_ms_per_session"] > 0
