@@ -130,6 +130,13 @@ def peak_overlap(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
 def redis_cpu(r) -> float:
     cpu = r.info("cpu")
     return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
@@ -305,12 +312,22 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
                                    stdout=open(monitor_to, "wb"), stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     peak_pss, peak_procs, peak_clients, stop = [0.0], [0], [0], threading.Event()
+    # What could limit the run on this machine: open files of one run pool process, tasks
+    # (threads + processes) on the machine, memory left.
+    peak_fds, peak_tasks, min_avail = [0], [0], [float("inf")]
 
     def sample() -> None:
         while not stop.wait(0.5):
             pids = dep.run_pids()
             peak_procs[0] = max(peak_procs[0], len(pids))
             peak_pss[0] = max(peak_pss[0], pss_mib(pids))
+            for pid in pids:
+                try:
+                    peak_fds[0] = max(peak_fds[0], len(os.listdir(f"/proc/{pid}/fd")))
+                except OSError:
+                    pass
+            peak_tasks[0] = max(peak_tasks[0], int(Path("/proc/loadavg").read_text().split()[3].split("/")[1]))
+            min_avail[0] = min(min_avail[0], mem_available_gib())
     sampler = threading.Thread(target=sample, daemon=True)
     t0 = time.time()
     sids = dep.submit({
@@ -419,6 +436,8 @@ def _measure(pool: str, n: int, dep: Deployment, bodies: Path, calls_per_session
         "redis_bytes_per_session": int((mem1 - mem0) / n),
         "run_pool_processes": peak_procs[0], "run_pool_pss_mib": round(peak_pss[0], 1),
         "run_pool_pss_kib_per_slot": int(peak_pss[0] * 1024 / run_slots),
+        "run_pool_peak_fds_per_process": peak_fds[0],
+        "machine_peak_tasks": peak_tasks[0], "machine_min_mem_available_gib": round(min_avail[0], 1),
         "cpu_ms_per_session": ", ".join(f"{k} {v * 1000 / n:.1f}" for k, v in role_cpu.items()),
         "notes": "; ".join(dep.notes),
         "first_errors": sorted({str(rec.error)[:200] for rec in recs if rec.state != states.COMPLETED})[:3],
