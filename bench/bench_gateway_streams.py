@@ -14,6 +14,7 @@ that gateway's PYTHONPATH), then through this tree's, and reports per series:
     stream = the difference / N).
 
     python bench/bench_gateway_streams.py [-n 1024] [--baseline main] [--ramp 20] [--sleep 25] [--tokens 16] [--token-latency-ms 150]
+                                          [--gateway-nofile 1024]
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def main() -> int:
     ap.add_argument("--token-latency-ms", type=float, default=150.0)
     ap.add_argument("--worker-class", choices=["gevent", "gthread"],
                     help="gateway worker model (default: the gateway's default, gevent)")
+    ap.add_argument("--gateway-nofile", type=int, default=0,
+                    help="start the gateways under this soft open-files limit (1024: a login shell's or "
+                         "systemd's default); the client and the stand-in keep this process's")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
     ap.add_argument("--baseline", default="main",
                     help="git ref whose gateway is measured too, after the direct series ('' to skip)")
@@ -152,7 +156,8 @@ def main() -> int:
         gateways = []
         for i, (label, env) in enumerate(code):
             gport = free_port()
-            procs.append(spawn([sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
+            limit = ["bash", "-c", f'ulimit -Sn {args.gateway_nofile} && exec "$@"', "gw"] if args.gateway_nofile else []
+            procs.append(spawn([*limit, sys.executable, "-m", "polar_mq.cli", "gateway", "--port", str(gport),
                                 "--redis", redis_server.url, "--upstream", upstream, "--workers", "1",
                                 *(["--worker-class", args.worker_class] if args.worker_class else [])],
                                f"http://127.0.0.1:{gport}/health", logs / f"gw{i}.log", env=env))

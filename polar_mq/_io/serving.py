@@ -47,6 +47,16 @@ def serve_wsgi(name: str, factory: Callable[[], Flask], *, host: str, port: int,
 
     util.write_error = problem_error  # the workers answer unparsable requests through it
     gunicorn_tuning.install()
+    # Each connection a worker holds is a client socket and, for the gateway, an upstream one:
+    # a soft limit of 1024 would refuse connections from ~500 concurrent calls on (fdlimit.py).
+    # Raised in the master before the workers fork, so they inherit it.
+    from polar_mq._io.fdlimit import raise_nofile
+
+    held = threads if worker_class == "gthread" else worker_connections  # gevent and its subclasses
+    _, fds = raise_nofile(256 + 2 * held)
+    if fds < 256 + 2 * held:
+        print(f"polar_mq {name}: the open-files limit ({fds}) is low for {held} connections per worker: "
+              "raise `ulimit -n`", flush=True)
 
     class Application(BaseApplication):
         def __init__(self) -> None:

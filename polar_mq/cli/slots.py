@@ -108,14 +108,6 @@ def raise_fd_limit(slot_count: int) -> tuple[int, int]:
     """Raise this process's soft open-files limit toward its hard limit so `slot_count` slots of
     one process fit (a common soft default, 1024, is ~128 slots); returns (soft before, after).
     The harnesses inherit the raised limit, as they would a shell's."""
-    import resource
+    from polar_mq._io.fdlimit import raise_nofile
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 256 + FDS_PER_SLOT * slot_count
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(hard, want)
-        if new > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            return soft, new
-    return soft, soft
-
+    return raise_nofile(256 + FDS_PER_SLOT * slot_count)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.support.pipeline import make_pipeline
+from tests.support.procmem import pool_pids, pss_mib
 from polar_mq import states
 from polar_mq.cli import slots
 from polar_mq.runtimes import orphans
@@ -100,34 +101,28 @@ def test_harness_outlives_the_thread_that_asked_for_it() -> None:
         kept.wait()
 
 
-def _pool_pids(main_pid: int) -> list[int]:
-    """The worker process and its pool children (prefork's forks share its cmdline); harnesses,
-    which are children too, are not the pool."""
-    def cmdline(pid: int) -> bytes:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return b""
-    main_cmd = cmdline(main_pid)
-    pids = [main_pid]
+def test_pool_pids_and_pss() -> None:
+    """The pool is the main process and its forks (same cmdline), not the harnesses it started;
+    its PSS is counted once per page (tests/support/procmem.py, which bench/bench_soak.py uses too)."""
+    prog = ("import os, subprocess, time\n"
+            "h = subprocess.Popen(['sleep', '30'])\n"
+            "if os.fork() == 0:\n    time.sleep(30); os._exit(0)\n"
+            "print(h.pid, flush=True); time.sleep(30)")
+    main = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        children = Path(f"/proc/{main_pid}/task/{main_pid}/children").read_text().split()
-    except OSError:
-        children = []
-    pids += [int(c) for c in children if cmdline(int(c)) == main_cmd]
-    return pids
-
-
-def pss_mib(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+        harness = int(main.stdout.readline())
+        deadline = time.time() + 10
+        while len(pool_pids(main.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        pids = pool_pids(main.pid)
+        assert len(pids) == 2 and pids[0] == main.pid and harness not in pids, (pids, harness)
+        both, alone = pss_mib(pids), pss_mib(pids[:1])
+        assert 0 < alone < both < 2 * alone  # the fork shares the interpreter's pages
+        assert pss_mib([2 ** 22 + 1]) == 0  # a pid that is gone counts 0
+    finally:
+        os.killpg(main.pid, 9)
+        main.wait()
 
 
 def test_256_sessions_in_one_worker_process_with_bounded_memory(gateway, tmp_path) -> None:
@@ -150,7 +145,7 @@ def test_256_sessions_in_one_worker_process_with_bounded_memory(gateway, tmp_pat
         pool_sizes = set()
         deadline = time.time() + 300
         while time.time() < deadline:
-            pids = _pool_pids(run.pid)
+            pids = pool_pids(run.pid)
             pool_sizes.add(len(pids))
             peak_pss = max(peak_pss, pss_mib(pids))
             recs = store.get_sessions(sids)

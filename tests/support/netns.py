@@ -1,6 +1,6 @@
 """A cluster of "hosts" on one machine: Linux network namespaces made by the test (needs root).
 
-    hub   (netns, 10.77.0.1 on bridge br0): redis-server (AOF), stand-in model server, gateway
+    hub   (netns, 10.77.0.1 on bridge br0; `subnet` picks another /24): redis-server (AOF), stand-in model server, gateway
     a, b  (netns, 10.77.0.2/.3 via veth on br0): init, run and postrun pools, own sessions dir
     root  (the test, 10.77.0.254 via veth on br0): submits, watches, injects faults
 
@@ -35,8 +35,6 @@ from polar_mq.tasks.app.routing import INIT_TASK
 from polar_mq.cli.up import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
-HUB_IP = "10.77.0.1"
-ROOT_IP = "10.77.0.254"
 
 
 def netns_unavailable() -> str | None:
@@ -78,6 +76,23 @@ class Cluster:
     gateway_port: int = 8690
     model_port: int = 8691
     lease_ttl: float = 4.0
+    # The bridge's /24 (hub .1, root .254, hosts .2 up): another cluster on the machine at the same
+    # time (bench/bench_soak.py --hosts) takes another subnet, or the root namespace's routes clash.
+    subnet: str = "10.77.0"
+    # The stand-in's listen address in the hub: 0.0.0.0 lets the hosts call it directly too.
+    model_host: str = "127.0.0.1"
+    # Redis's AOF fsync: "always" for the restart scenarios, "no" for an AOF-less Redis as
+    # `polar-mq up` runs it (the soak measures Redis's own CPU, not the disk's).
+    appendfsync: str = "always"
+    gateway_workers: int | None = 1  # None: the gateway's own default (serving.py)
+
+    @property
+    def hub_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    @property
+    def root_ip(self) -> str:
+        return f"{self.subnet}.254"
 
     @property
     def hub(self) -> str:
@@ -85,26 +100,32 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{HUB_IP}:{self.redis_port}/0"
+        return f"redis://{self.hub_ip}:{self.redis_port}/0"
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{HUB_IP}:{self.gateway_port}"
+        return f"http://{self.hub_ip}:{self.gateway_port}"
+
+    @property
+    def model_url(self) -> str:
+        """The stand-in as the hosts reach it (model_host 0.0.0.0) or the hub itself does."""
+        host = self.hub_ip if self.model_host == "0.0.0.0" else self.model_host
+        return f"http://{host}:{self.model_port}"
 
     # --- network ------------------------------------------------------------------------------
     def build_network(self, names: list[str]) -> None:
         sh("ip", "netns", "add", self.hub)
         sh("ip", "-n", self.hub, "link", "set", "lo", "up")
         sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.hub, "addr", "add", f"{HUB_IP}/24", "dev", "br0")
+        sh("ip", "-n", self.hub, "addr", "add", f"{self.hub_ip}/24", "dev", "br0")
         sh("ip", "-n", self.hub, "link", "set", "br0", "up")
         # The test's own link (operator), in the root namespace.
-        self._veth(f"pmq{self.tag}r", None, ROOT_IP)
+        self._veth(f"pmq{self.tag}r", None, self.root_ip)
         for i, name in enumerate(names):
             ns = f"pmq{self.tag}{name}"
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-            ip = f"10.77.0.{i + 2}"
+            ip = f"{self.subnet}.{i + 2}"
             veth = self._veth(f"pmq{self.tag}{name}", ns, ip)
             sdir = self.base / f"host-{name}" / "sessions"
             sdir.mkdir(parents=True)
@@ -135,25 +156,27 @@ class Cluster:
         return subprocess.Popen(["ip", "netns", "exec", ns, *args], stdout=fh, stderr=subprocess.STDOUT,
                                 cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True)
 
-    def start_hub(self) -> None:
+    def start_hub(self, model_args: tuple[str, ...] = ()) -> None:
         data = self.base / "redis"
         data.mkdir(exist_ok=True)
         self.start_redis()
         py = sys.executable
         self.hub_procs["model"] = self.spawn(self.hub, [
-            py, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1", "--port", str(self.model_port),
-            "--max-model-len", "65536"], "hub-model")
+            py, "-m", "polar_mq.dev.model_server", "--host", self.model_host, "--port", str(self.model_port),
+            "--max-model-len", "65536", *model_args], "hub-model")
         self.hub_procs["gateway"] = self.spawn(self.hub, [
             py, "-m", "polar_mq.cli", "gateway", "--host", "0.0.0.0", "--port", str(self.gateway_port),
             "--public-url", self.gateway_url, "--redis", f"redis://127.0.0.1:{self.redis_port}/0",
-            "--upstream", f"http://127.0.0.1:{self.model_port}", "--workers", "1"], "hub-gateway",
+            "--upstream", f"http://127.0.0.1:{self.model_port}",
+            *(["--workers", str(self.gateway_workers)] if self.gateway_workers else [])], "hub-gateway",
             env={"POLAR_SPOOL_DIR": str(self.base / "spool")})
         wait_http(f"{self.gateway_url}/health", self.hub_procs["gateway"], 90)
 
     def start_redis(self) -> None:
         self.hub_procs["redis"] = self.spawn(self.hub, [
             "redis-server", "--port", str(self.redis_port), "--bind", "0.0.0.0", "--save", "",
-            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.base / "redis"),
+            "--appendonly", "no" if self.appendfsync == "no" else "yes", "--appendfsync",
+            "always" if self.appendfsync == "no" else self.appendfsync, "--dir", str(self.base / "redis"),
             "--protected-mode", "no"], "hub-redis")
         deadline = time.time() + 15
         while time.time() < deadline:
@@ -182,12 +205,14 @@ class Cluster:
                 "POLAR_LEASE_TTL": str(self.lease_ttl), "POLAR_JANITOR_INTERVAL": "1",
                 "POLAR_READY_CAPACITY": "2", "POLAR_MAX_ATTEMPTS": "4"}
 
-    def start_pools(self, name: str, init: int = 2, run: int = 2, postrun: int = 1) -> None:
+    def start_pools(self, name: str, init: int = 2, run: int = 2, postrun: int = 1,
+                    env: dict[str, str] | None = None) -> None:
+        """The three stage pools of host `name`; `env` overrides worker_env (a pool, a lease TTL)."""
         host = self.hosts[name]
         for stage, conc in (("init", init), ("run", run), ("postrun", postrun)):
             host.procs.append(self.spawn(host.netns, [
                 sys.executable, "-m", "polar_mq.cli", "worker", "--stage", stage, "--concurrency", str(conc),
-                "--loglevel", "INFO"], f"{name}-{stage}", env=self.worker_env(host)))
+                "--loglevel", "INFO"], f"{name}-{stage}", env={**self.worker_env(host), **(env or {})}))
 
     def wait_nodes(self, names: list[str], timeout: float = 60.0) -> None:
         deadline = time.time() + timeout

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     from polar_mq.dev.model_server.app import create_app
     from polar_mq.dev.model_server.script import load_script
 
+    from polar_mq._io.fdlimit import raise_nofile
+
+    raise_nofile(65536)  # a greenlet per connection: benches open thousands (bench_soak.py, bench_gateway_streams.py)
     scripted = load_script(args.scripted) if args.scripted else None
     config = ServerConfig(
         served_model_name=args.served_model_name,

@@ -247,7 +247,7 @@ def run_session(ctx: StageContext, rec: SessionRecord, task: TaskRequest, lease:
         key=rec.gateway_key or "", base_urls=base_urls, home=Path(runtime_of(rec).home),
         workdir=Path(runtime_of(rec).workdir), options=task.agent.options,
         max_model_len=ctx.gateway.max_model_len(), sampling=task.agent.sampling))
-    cancel = CancelWatch(lambda: store.is_cancelled(rec.task_id))
+    cancel = CancelWatch(lambda: store.is_cancelled(rec.task_id), key=(id(store), rec.task_id))
 
     def should_stop() -> bool:  # in-memory only: never blocks on Redis (cancel_watch.py)
         return lease.lost.is_set() or cancel.cancelled.is_set()
