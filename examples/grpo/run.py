@@ -50,6 +50,7 @@ from examples.grpo import task  # noqa: E402
 from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: E402
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
+CODEX_MAX_MODEL_LEN = 4096  # Codex's prompt is ~950 tokens, ~1.1k at its second call
 
 
 def log(msg: str) -> None:
@@ -60,16 +61,26 @@ HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
 NOT_BUILT = {
-    "codex": "harness codex: no base policy for Codex CLI's own prompt yet (its system prompt and tools are "
-             "~9.2k tokens with the project's tokenizer; the tiny policy is trained on the shell agent's "
-             "prompt only). See docs/rl.md, 'Through a real harness'.",
     "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
                    "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
 }
 
 
-def template(timeout: int = 180, builder: str = "prefix_merging") -> dict:
-    """The TaskRequest every dataset row is merged into."""
+def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell") -> dict:
+    """The TaskRequest every dataset row is merged into. ``codex``: the pinned Codex CLI with the
+    configuration overrides of ``codex_task.OVERRIDES`` (short instructions, optional tools off),
+    sampling at temperature 1 (Codex sends none), graded on the ``answer.txt`` its tool call wrote."""
+    if harness == "codex":
+        from examples.grpo import codex_task
+
+        return {
+            "timeout_seconds": timeout,
+            "agent": {"harness": "codex", "model": "policy", "options": {"extra_args": codex_task.extra_args()},
+                      "sampling": {"temperature": 1.0, "max_tokens": 64}},
+            "runtime": {"backend": "local"},
+            "builder": {"strategy": builder},
+            "grader": {"strategy": "examples.grpo.grader:AnswerGrader", "config": {"timeout_seconds": 60}},
+        }
     return {
         "timeout_seconds": timeout,
         "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
@@ -185,9 +196,18 @@ def run(args: argparse.Namespace) -> dict:
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
-    base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
-                      target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
+    if args.harness == "codex":
+        if args.turns != 1 or args.trainer != "polar":
+            raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+        from examples.grpo.codex_base import build as build_codex_base
+
+        log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
+        base = build_codex_base(Path(f"{args.base}-codex"), seed=args.seed, log=log,
+                                target_p=args.target_p if args.target_p is not None else 0.3)
+    else:
+        base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
+        base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
+                          target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
     version = 0
     wdir = out / "weights" / f"v{version}"
     copy_weights(base, wdir)
@@ -197,7 +217,8 @@ def run(args: argparse.Namespace) -> dict:
         t_start = server.load_base(wdir, version)
         log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
     else:
-        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
+        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
+                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness == "codex" else None)
         log(f"starting vLLM on {wdir} …")
         t_start = server.start()
         log(f"vLLM ready in {t_start:.0f}s at {server.url}")
@@ -205,6 +226,10 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
+    if args.harness == "codex":
+        # TITO: Codex's second call goes upstream as the first call's ids + the sampled ids + the
+        # rendered tool result, so prefix_merging gets one exact trace per session
+        env["POLAR_TOKENIZER"] = str(base / "tokenizer")
     os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})
     stack = None
     rows_out: list[dict] = []
@@ -214,7 +239,7 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        tmpl = template(builder=args.builder)
+        tmpl = template(builder=args.builder, harness=args.harness)
 
         def rows_for_step(step: int) -> list[dict]:
             return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from examples.grpo.prefix_forward import hidden_states
 from polar_mq.rl.trainers.samples import TrainSample
 
 
@@ -72,23 +73,19 @@ class PolicyTrainer:
         torch = self.torch
         model = model or self.model
         seqs = [s.input_ids for s in samples]
-        width = max(len(x) for x in seqs)
         rwidth = max(len(s.response_ids) for s in samples)
-        inp = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, ids in enumerate(seqs):
-            inp[i, :len(ids)] = torch.tensor(ids)
-            attn[i, :len(ids)] = 1
         # the LM head only where a response token is predicted (prompts are ~85% of each row:
-        # full-sequence logits over the 4k vocabulary would dominate the step)
-        hidden = model.model(input_ids=inp, attention_mask=attn).last_hidden_state
+        # full-sequence logits over the 4k vocabulary would dominate the step); a long prompt
+        # every sample shares (a harness's system prompt and tools) runs once (prefix_forward)
+        first = min(len(s.prompt_ids) for s in samples) - 1
+        hidden, off = hidden_states(model, seqs, self.pad_id, first)
         pos = torch.zeros((len(samples), rwidth), dtype=torch.long)
         tgt = torch.zeros((len(samples), rwidth), dtype=torch.long)
         mask = torch.zeros((len(samples), rwidth))
         old = torch.zeros((len(samples), rwidth))
         for i, s in enumerate(samples):
             n_p, n_r = len(s.prompt_ids), len(s.response_ids)
-            pos[i, :n_r] = torch.arange(n_p - 1, n_p - 1 + n_r)
+            pos[i, :n_r] = torch.arange(n_p - 1 - off, n_p - 1 - off + n_r)
             tgt[i, :n_r] = torch.tensor(s.response_ids)
             mask[i, :n_r] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n_r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
