@@ -39,8 +39,11 @@ from examples.grpo.base_model import _tiny, untie  # noqa: E402
 from examples.grpo.prefix_forward import hidden_states  # noqa: E402
 from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
-FORMAT_P = 0.9995
-FINAL_FORMAT_P = 0.999
+# every format token (~25 in the tool call, ~4 in the final text) to p >= FORMAT_P: with ~1k-token
+# prompts the last per-mille is slow (0.98 after 270 steps, +0.001 per 10 steps), and the reward
+# depends on the tool call alone (the answer file), not on how the final text is worded
+FORMAT_P = 0.98
+FINAL_FORMAT_P = 0.97
 HARD_P = 0.9
 LR = 3e-3
 CHOICE_TOL = 0.05
@@ -114,18 +117,6 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, body: dict
     dir_tok = {d: first_reply[d][split] for d in task.DIRECTIONS}
     if len(set(dir_tok.values())) != 4:
         raise SystemExit(f"codex base: direction tokens not distinct: {dir_tok}")
-    seqs = [ids for ids, _ in data]
-    first_needed = min(n_p for _, n_p in data) - 1
-    pos, tgt, sel = [], [], []
-    for i, (ids, n_p) in enumerate(data):
-        for t in range(n_p, len(ids)):
-            if answers[i] is not None and t == n_p + split:
-                sel.append(len(pos))
-            pos.append((i, t - 1))
-            tgt.append(ids[t])
-    rows_t = torch.tensor([r for r, _ in pos])
-    tgt_t = torch.tensor(tgt)
-    sel_t = torch.tensor(sel)
     pad = tok.special_ids["<|endoftext|>"]
     cfg = tiny.model_config(tok)
     cfg.max_position_embeddings = MAX_POSITIONS
@@ -134,36 +125,58 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, body: dict
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     all_dirs = torch.tensor(list(dir_tok.values()))
 
-    def forward():
-        hidden, off = hidden_states(model, seqs, pad, first_needed)
-        cols = torch.tensor([c - off for _, c in pos])
-        logits = model.lm_head(hidden[rows_t, cols])
-        return logits
+    def objective(data):
+        """losses() over ``data``: (loss, p(correct) per turn-1 example, min p of a format token, logits)."""
+        seqs = [ids for ids, _ in data]
+        first_needed = min(n_p for _, n_p in data) - 1
+        pos, tgt, sel = [], [], []
+        for i, (ids, n_p) in enumerate(data):
+            for t in range(n_p, len(ids)):
+                if answers[i] is not None and t == n_p + split:
+                    sel.append(len(pos))
+                pos.append((i, t - 1))
+                tgt.append(ids[t])
+        rows_t, tgt_t, sel_t = torch.tensor([r for r, _ in pos]), torch.tensor(tgt), torch.tensor(sel)
 
-    def losses():
-        logits = forward()
-        logp = F.log_softmax(logits.float(), -1)
-        tok_lp = logp.gather(-1, tgt_t.unsqueeze(-1)).squeeze(-1)
-        is_choice = torch.zeros_like(tok_lp, dtype=torch.bool)
-        is_choice[sel_t] = True
-        fmt = -tok_lp[~is_choice]
-        loss = torch.cat([fmt, -tok_lp[sel_t]]).mean()
-        return loss, tok_lp[sel_t].detach().exp(), float(torch.exp(-fmt.detach().max())), logits
+        def losses():
+            hidden, off = hidden_states(model, seqs, pad, first_needed)
+            logits = model.lm_head(hidden[rows_t, torch.tensor([c - off for _, c in pos])])
+            logp = F.log_softmax(logits.float(), -1)
+            tok_lp = logp.gather(-1, tgt_t.unsqueeze(-1)).squeeze(-1)
+            is_choice = torch.zeros_like(tok_lp, dtype=torch.bool)
+            is_choice[sel_t] = True
+            fmt = -tok_lp[~is_choice]
+            # the format and the choice weigh the same (as in base_model.py, where the reply is two
+            # tokens): averaged over every token, 24 choices among ~1.5k format tokens never learn to
+            # read the instruction (p(correct) stayed at 0.25 for 180 steps)
+            loss = fmt.mean() + (-tok_lp[sel_t]).mean()
+            return loss, tok_lp[sel_t].detach().exp(), float(torch.exp(-fmt.detach().max())), logits[sel_t]
+        return losses, seqs
 
+    def learn(losses, name: str, hard_p: float, format_p: float) -> None:
+        for step in range(1, MAX_LEARN_STEPS + 1):
+            opt.zero_grad()
+            loss, p_corr, fmt_min, _ = losses()
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                per_dir = " ".join(f"{d} {float(p_corr[i * n_phr:(i + 1) * n_phr].mean()):.2f}"
+                                   for i, d in enumerate(task.DIRECTIONS))
+                log(f"  {name} {step:4d} loss {loss.item():.4f} p(correct) mean {float(p_corr.mean()):.3f} "
+                    f"min {float(p_corr.min()):.3f} ({per_dir}) format min {fmt_min:.6f} ({time.time() - t0:.0f}s)")
+                if fmt_min >= format_p and float(p_corr.min()) >= hard_p:
+                    return
+        raise SystemExit(f"codex base: the {name} phase did not converge")
+
+    # phase 0, reading on short prompts (the same chats without the tool schemas, ~40 tokens): a
+    # head that finds the instruction's direction among ~950 prompt tokens gets 1/950 of the
+    # gradient while attention is uniform; on the full prompts alone p(correct) stalled at 0.45
+    short, _ = objective(tiny.examples(tok, [(m, None, r) for m, _, r in triples]))
+    learn(short, "read", HARD_P, 0.0)
+    losses, seqs = objective(data)
     log(f"codex base: {len(data)} examples, prompts {min(len(s) for s in seqs)}-{max(len(s) for s in seqs)} tokens, "
-        f"shared prefix up to {first_needed}, directions part at reply token {split}: {dir_tok}")
-    for step in range(1, MAX_LEARN_STEPS + 1):
-        opt.zero_grad()
-        loss, p_corr, fmt_min, _ = losses()
-        loss.backward()
-        opt.step()
-        if step % 10 == 0:
-            log(f"  learn {step:4d} loss {loss.item():.4f} p(correct) mean {float(p_corr.mean()):.3f} "
-                f"min {float(p_corr.min()):.3f} format min {fmt_min:.6f} ({time.time() - t0:.0f}s)")
-            if fmt_min >= FORMAT_P and float(p_corr.min()) >= HARD_P:
-                break
-    else:
-        raise SystemExit("codex base: the learning phase did not converge")
+        f"directions part at reply token {split}: {dir_tok}")
+    learn(losses, "learn", HARD_P, FORMAT_P)
     model.eval()
     untie(model)
     rows_w = model.lm_head.weight.data[all_dirs].clone()
@@ -184,7 +197,7 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, body: dict
             hi = mid
     alpha = (lo + hi) / 2
     mean_p, p_corr, fmt_min, logits = at(alpha)
-    p_dirs = torch.softmax(logits.float(), -1)[sel_t][:, all_dirs].sum(-1)
+    p_dirs = torch.softmax(logits.float(), -1)[:, all_dirs].sum(-1)
     log(f"  soften: alpha {alpha:.4f} p(correct) mean {mean_p:.3f} min {float(p_corr.min()):.3f} "
         f"max {float(p_corr.max()):.3f}, p(any direction) min {float(p_dirs.min()):.4f}, format min {fmt_min:.6f}")
     if fmt_min < FINAL_FORMAT_P or abs(mean_p - target_p) > CHOICE_TOL:
