@@ -130,7 +130,7 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     version = 0
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
 
+    if args.trainable is None:
+        args.trainable = "lm_head" if args.harness == "codex" else "all"
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -288,6 +290,9 @@ def parser() -> argparse.ArgumentParser:
                     help="scale each step's lr by the fraction of its groups whose rewards differ (the CI "
                          "test's setting: with 8 epochs, one informative group must not move the policy as "
                          "far as four; trainer.PolicyTrainer.step)")
+    ap.add_argument("--trainable", choices=["all", "lm_head"], default=None,
+                    help="parameters the polar trainer updates (default: lm_head for codex, all for shell; "
+                         "docs/rl.md, 'Through the real Codex CLI')")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

@@ -40,7 +40,7 @@ class StepStats:
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
                  minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
-                 kl_coef: float = 0.0):
+                 kl_coef: float = 0.0, trainable: str = "all"):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -56,10 +56,18 @@ class PolicyTrainer:
             self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        # ``trainable`` "lm_head": only the output layer moves (the hidden states that read the prompt
+        # stay as the base policy learnt them); "all": every parameter
+        if trainable == "lm_head":
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("lm_head."))
+        elif trainable != "all":
+            raise ValueError(f"unknown trainable {trainable!r} (all | lm_head)")
+        params = [p for p in self.model.parameters() if p.requires_grad]
         if optimizer == "sgd":
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.0)
+            self.opt = torch.optim.SGD(params, lr=lr, momentum=0.0)
         elif optimizer == "adamw":
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+            self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
         else:
             raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
         self.clip_eps = clip_eps
@@ -131,7 +139,7 @@ class PolicyTrainer:
             loss = (per_tok * mask).sum() / max(1, total_tokens)
             self.opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
             self.opt.step()
             with torch.no_grad():
                 m = mask.bool()
