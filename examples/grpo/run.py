@@ -186,8 +186,17 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
 
+    codex = args.harness == "codex"
+    if codex and (args.turns != 1 or args.trainer != "polar"):
+        raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+    # per-harness defaults (docs/rl.md): the codex policy trains its LM head only, harder
     if args.trainable is None:
-        args.trainable = "lm_head" if args.harness == "codex" else "all"
+        args.trainable = "lm_head" if codex else "all"
+    if args.lr is None:
+        args.lr = 1e-2 if codex else 2e-3
+    if args.epochs is None:
+        args.epochs = 8 if codex else 4
+    args.lr_by_groups = args.lr_by_groups or codex
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -199,8 +208,6 @@ def run(args: argparse.Namespace) -> dict:
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
     if args.harness == "codex":
-        if args.turns != 1 or args.trainer != "polar":
-            raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
         from examples.grpo.codex_base import build as build_codex_base
 
         log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
@@ -280,14 +287,15 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex)")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
     ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=4, help="passes over each step's batch (PPO epochs: the clip binds)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="passes over each step's batch (PPO epochs: the clip binds); default 4 (shell), 8 (codex)")
     ap.add_argument("--lr-by-groups", action="store_true",
-                    help="scale each step's lr by the fraction of its groups whose rewards differ (the CI "
+                    help="scale each step's lr by the fraction of its groups whose rewards differ (always on for codex; the CI "
                          "test's setting: with 8 epochs, one informative group must not move the policy as "
                          "far as four; trainer.PolicyTrainer.step)")
     ap.add_argument("--trainable", choices=["all", "lm_head"], default=None,
