@@ -130,7 +130,8 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     version = 0
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable)
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable,
+                            adam_eps=args.adam_eps)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -197,6 +198,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.epochs is None:
         args.epochs = 8 if codex else 4
     args.lr_by_groups = args.lr_by_groups or codex
+    if args.adam_eps is None:
+        args.adam_eps = 1e-5 if codex else 1e-8
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -301,6 +304,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--trainable", choices=["all", "lm_head"], default=None,
                     help="parameters the polar trainer updates (default: lm_head for codex, all for shell; "
                          "docs/rl.md, 'Through the real Codex CLI')")
+    ap.add_argument("--adam-eps", type=float, default=None,
+                    help="AdamW's eps (default 1e-8 for shell, 1e-5 for codex: see trainer.PolicyTrainer)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

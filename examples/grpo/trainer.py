@@ -40,7 +40,7 @@ class StepStats:
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
                  minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
-                 kl_coef: float = 0.0, trainable: str = "all"):
+                 kl_coef: float = 0.0, trainable: str = "all", adam_eps: float = 1e-8):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -67,7 +67,10 @@ class PolicyTrainer:
         if optimizer == "sgd":
             self.opt = torch.optim.SGD(params, lr=lr, momentum=0.0)
         elif optimizer == "adamw":
-            self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+            # eps: gradients much smaller than it get proportionally small steps (the LM-head rows of
+            # tokens never sampled get only softmax-normalisation gradients, ~1e-9; at eps 1e-8
+            # AdamW still moves them at ~0.1 lr per step, in step with each other)
+            self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99), eps=adam_eps)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
         self.clip_eps = clip_eps
