@@ -44,7 +44,7 @@ from tests.vllm.conftest import SERVED, served_model  # noqa: E402
 
 PROMPTS, GROUP = 4, 8
 CODEX_STEPS = 6
-CODEX_ARGS: tuple[str, ...] = ()  # run.py's codex defaults: LM head, AdamW 5e-3 x 8 epochs, KL 1.0, lr by groups
+CODEX_ARGS: tuple[str, ...] = ()  # run.py's codex defaults: LM head, AdamW 1e-2 x 8 epochs, lr by groups
 
 
 def fingerprint(url: str) -> list:
