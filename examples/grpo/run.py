@@ -25,11 +25,12 @@ printed is CONTRACT's (Additions, turn 3)
 ``rl-demo: harness H, trainer T, builder B, mean reward A -> B over N steps (seed S)`` (A: first
 step, B: mean of the last two steps).
 
-Harnesses: ``shell`` is the one whose base policy exists here. ``codex`` and ``claude_code`` (the
-real CLIs) need a base policy trained on their own prompts (~9k tokens for Codex with the
-project's tokenizer), which is not built yet: they stop with that reason before any work
-(docs/rl.md, "Through a real harness"). ``--trainer trl``: TRL's GRPOTrainer on the same rollouts
-and weight sync (``trl_loop.py``).
+Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
+``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
+trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
+tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
+with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
+weight sync (``trl_loop.py``; shell only).
 """
 
 from __future__ import annotations
