@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.harness in grpo_run.NOT_BUILT:
         raise SystemExit(grpo_run.NOT_BUILT[args.harness])
+    if args.harness != "shell":  # codex: a 1-call task (no per_request vs prefix_merging difference), own vLLM length
+        raise SystemExit(f"ablation: harness {args.harness} is not built for the ablation (shell only; docs/rl.md)")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)

@@ -38,3 +38,18 @@ class CursorGrader(TestRunnerGrader):
             raise InfraError("task has no metadata.target (the direction the instruction names)")
         self.config = {**self.config, "env": {**(self.config.get("env") or {}), "TARGET": str(target)}}
         return super().evaluate(trajectory, context)
+
+
+class AnswerGrader(CursorGrader):
+    """The Codex task's reward: ``check_answer.py`` (``answer.txt`` names the row's direction),
+    the test_runner's verdict, ``metadata.target`` as ``TARGET``."""
+
+    name = "grpo_answer"
+    __test__ = False
+
+    def __init__(self, **config: Any):
+        config.setdefault("command", f"{shlex.quote(sys.executable)} {shlex.quote(str(ANSWER_CHECK))}")
+        super().__init__(**config)
+
+
+ANSWER_CHECK = Path(__file__).resolve().with_name("check_answer.py")

@@ -25,11 +25,12 @@ printed is CONTRACT's (Additions, turn 3)
 ``rl-demo: harness H, trainer T, builder B, mean reward A -> B over N steps (seed S)`` (A: first
 step, B: mean of the last two steps).
 
-Harnesses: ``shell`` is the one whose base policy exists here. ``codex`` and ``claude_code`` (the
-real CLIs) need a base policy trained on their own prompts (~9k tokens for Codex with the
-project's tokenizer), which is not built yet: they stop with that reason before any work
-(docs/rl.md, "Through a real harness"). ``--trainer trl``: TRL's GRPOTrainer on the same rollouts
-and weight sync (``trl_loop.py``).
+Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
+``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
+trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
+tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
+with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
+weight sync (``trl_loop.py``; shell only).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from examples.grpo import task  # noqa: E402
 from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: E402
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
+CODEX_MAX_MODEL_LEN = 4096  # Codex's prompt is ~950 tokens, ~1.1k at its second call
 
 
 def log(msg: str) -> None:
@@ -60,16 +62,26 @@ HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
 NOT_BUILT = {
-    "codex": "harness codex: no base policy for Codex CLI's own prompt yet (its system prompt and tools are "
-             "~9.2k tokens with the project's tokenizer; the tiny policy is trained on the shell agent's "
-             "prompt only). See docs/rl.md, 'Through a real harness'.",
     "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
                    "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
 }
 
 
-def template(timeout: int = 180, builder: str = "prefix_merging") -> dict:
-    """The TaskRequest every dataset row is merged into."""
+def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell") -> dict:
+    """The TaskRequest every dataset row is merged into. ``codex``: the pinned Codex CLI with the
+    configuration overrides of ``codex_task.OVERRIDES`` (short instructions, optional tools off),
+    sampling at temperature 1 (Codex sends none), graded on the ``answer.txt`` its tool call wrote."""
+    if harness == "codex":
+        from examples.grpo import codex_task
+
+        return {
+            "timeout_seconds": timeout,
+            "agent": {"harness": "codex", "model": "policy", "options": {"extra_args": codex_task.extra_args()},
+                      "sampling": {"temperature": 1.0, "max_tokens": 64}},
+            "runtime": {"backend": "local"},
+            "builder": {"strategy": builder},
+            "grader": {"strategy": "examples.grpo.grader:AnswerGrader", "config": {"timeout_seconds": 60}},
+        }
     return {
         "timeout_seconds": timeout,
         "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
@@ -119,7 +131,8 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     version = 0
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable,
+                            adam_eps=args.adam_eps)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -175,6 +188,22 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
 
+    codex = args.harness == "codex"
+    if codex and (args.turns != 1 or args.trainer != "polar"):
+        raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+    # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): the codex policy trains its
+    # LM head only (the whole model broke the tool-call format in one step), at 1e-2 x 8 epochs
+    if args.trainable is None:
+        args.trainable = "lm_head" if codex else "all"
+    if args.lr is None:
+        args.lr = 1e-2 if codex else 2e-3
+    if args.kl_coef is None:
+        args.kl_coef = 0.0
+    if args.epochs is None:
+        args.epochs = 8 if codex else 4
+    args.lr_by_groups = args.lr_by_groups or codex
+    if args.adam_eps is None:
+        args.adam_eps = 1e-8
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -185,9 +214,16 @@ def run(args: argparse.Namespace) -> dict:
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
-    base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
-                      target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
+    if args.harness == "codex":
+        from examples.grpo.codex_base import build as build_codex_base
+
+        log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
+        base = build_codex_base(Path(f"{args.base}-codex"), seed=args.seed, log=log,
+                                target_p=args.target_p if args.target_p is not None else 0.3)
+    else:
+        base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
+        base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
+                          target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
     version = 0
     wdir = out / "weights" / f"v{version}"
     copy_weights(base, wdir)
@@ -197,7 +233,8 @@ def run(args: argparse.Namespace) -> dict:
         t_start = server.load_base(wdir, version)
         log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
     else:
-        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
+        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
+                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness == "codex" else None)
         log(f"starting vLLM on {wdir} …")
         t_start = server.start()
         log(f"vLLM ready in {t_start:.0f}s at {server.url}")
@@ -205,6 +242,10 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
+    if args.harness == "codex":
+        # TITO: Codex's second call goes upstream as the first call's ids + the sampled ids + the
+        # rendered tool result, so prefix_merging gets one exact trace per session
+        env["POLAR_TOKENIZER"] = str(base / "tokenizer")
     os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})
     stack = None
     rows_out: list[dict] = []
@@ -214,7 +255,7 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        tmpl = template(builder=args.builder)
+        tmpl = template(builder=args.builder, harness=args.harness)
 
         def rows_for_step(step: int) -> list[dict]:
             return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)
@@ -253,16 +294,23 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex)")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    ap.add_argument("--kl-coef", type=float, default=0.0, help="GRPO's KL term to the starting policy (k3)")
+    ap.add_argument("--kl-coef", type=float, default=None,
+                    help="GRPO's KL term to the starting policy (k3); default 0")
     ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--epochs", type=int, default=4, help="passes over each step's batch (PPO epochs: the clip binds)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="passes over each step's batch (PPO epochs: the clip binds); default 4 (shell), 8 (codex)")
     ap.add_argument("--lr-by-groups", action="store_true",
-                    help="scale each step's lr by the fraction of its groups whose rewards differ (the CI "
+                    help="scale each step's lr by the fraction of its groups whose rewards differ (always on for codex; the CI "
                          "test's setting: with 8 epochs, one informative group must not move the policy as "
                          "far as four; trainer.PolicyTrainer.step)")
+    ap.add_argument("--trainable", choices=["all", "lm_head"], default=None,
+                    help="parameters the polar trainer updates (default: lm_head for codex, all for shell; "
+                         "docs/rl.md, 'Through the real Codex CLI')")
+    ap.add_argument("--adam-eps", type=float, default=None,
+                    help="AdamW's eps (default 1e-8; docs/rl.md: 1e-5 did not stop the codex collapse)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

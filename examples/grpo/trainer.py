@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from examples.grpo.prefix_forward import hidden_states
 from polar_mq.rl.trainers.samples import TrainSample
 
 
@@ -39,7 +40,7 @@ class StepStats:
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
                  minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
-                 kl_coef: float = 0.0):
+                 kl_coef: float = 0.0, trainable: str = "all", adam_eps: float = 1e-8):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -55,10 +56,21 @@ class PolicyTrainer:
             self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        # ``trainable`` "lm_head": only the output layer moves (the hidden states that read the prompt
+        # stay as the base policy learnt them); "all": every parameter
+        if trainable == "lm_head":
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("lm_head."))
+        elif trainable != "all":
+            raise ValueError(f"unknown trainable {trainable!r} (all | lm_head)")
+        params = [p for p in self.model.parameters() if p.requires_grad]
         if optimizer == "sgd":
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.0)
+            self.opt = torch.optim.SGD(params, lr=lr, momentum=0.0)
         elif optimizer == "adamw":
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+            # eps: gradients much smaller than it get proportionally small steps (the LM-head rows of
+            # tokens never sampled get only softmax-normalisation gradients, ~1e-9; at eps 1e-8
+            # AdamW still moves them at ~0.1 lr per step, in step with each other)
+            self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99), eps=adam_eps)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
         self.clip_eps = clip_eps
@@ -72,23 +84,19 @@ class PolicyTrainer:
         torch = self.torch
         model = model or self.model
         seqs = [s.input_ids for s in samples]
-        width = max(len(x) for x in seqs)
         rwidth = max(len(s.response_ids) for s in samples)
-        inp = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, ids in enumerate(seqs):
-            inp[i, :len(ids)] = torch.tensor(ids)
-            attn[i, :len(ids)] = 1
         # the LM head only where a response token is predicted (prompts are ~85% of each row:
-        # full-sequence logits over the 4k vocabulary would dominate the step)
-        hidden = model.model(input_ids=inp, attention_mask=attn).last_hidden_state
+        # full-sequence logits over the 4k vocabulary would dominate the step); a long prompt
+        # every sample shares (a harness's system prompt and tools) runs once (prefix_forward)
+        first = min(len(s.prompt_ids) for s in samples) - 1
+        hidden, off = hidden_states(model, seqs, self.pad_id, first)
         pos = torch.zeros((len(samples), rwidth), dtype=torch.long)
         tgt = torch.zeros((len(samples), rwidth), dtype=torch.long)
         mask = torch.zeros((len(samples), rwidth))
         old = torch.zeros((len(samples), rwidth))
         for i, s in enumerate(samples):
             n_p, n_r = len(s.prompt_ids), len(s.response_ids)
-            pos[i, :n_r] = torch.arange(n_p - 1, n_p - 1 + n_r)
+            pos[i, :n_r] = torch.arange(n_p - 1 - off, n_p - 1 - off + n_r)
             tgt[i, :n_r] = torch.tensor(s.response_ids)
             mask[i, :n_r] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :n_r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
@@ -134,7 +142,7 @@ class PolicyTrainer:
             loss = (per_tok * mask).sum() / max(1, total_tokens)
             self.opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
             self.opt.step()
             with torch.no_grad():
                 m = mask.bool()

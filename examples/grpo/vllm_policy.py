@@ -68,11 +68,13 @@ class SyncTiming:
 class PolicyServer:
     """One vLLM process serving ``model_dir`` as ``policy``, started in its own process group."""
 
-    def __init__(self, model_dir: Path, log_path: Path, port: int, *, threads: int = 1):
+    def __init__(self, model_dir: Path, log_path: Path, port: int, *, threads: int = 1,
+                 max_model_len: int | None = None):
         self.model_dir = Path(model_dir)
         self.log_path = Path(log_path)
         self.port = port
         self.threads = threads
+        self.max_model_len = max_model_len or MAX_MODEL_LEN
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{port}"
 
@@ -94,8 +96,9 @@ class PolicyServer:
         cmd = vc.server_command(self.model_dir, self.port)
         # this example's own name and length (the shared helper serves the test models)
         cmd[cmd.index("--served-model-name") + 1] = SERVED
-        cmd[cmd.index("--max-model-len") + 1] = str(MAX_MODEL_LEN)
+        cmd[cmd.index("--max-model-len") + 1] = str(self.max_model_len)
         cmd[cmd.index("--num-gpu-blocks-override") + 1] = "64"
+        cmd.append("--enable-prefix-caching")  # a harness's long system prompt is computed once
         return cmd
 
     def env(self) -> dict[str, str]:

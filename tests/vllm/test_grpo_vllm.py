@@ -43,6 +43,8 @@ from examples.grpo.report import learnt  # noqa: E402
 from tests.vllm.conftest import SERVED, served_model  # noqa: E402
 
 PROMPTS, GROUP = 4, 8
+CODEX_STEPS = 6
+CODEX_ARGS: tuple[str, ...] = ()  # run.py's codex defaults: LM head, AdamW 1e-2 x 8 epochs, lr by groups
 
 
 def fingerprint(url: str) -> list:
@@ -74,13 +76,13 @@ def shared_vllm(vllm_url):
     assert fingerprint(vllm_url) == before
 
 
-def grpo(tmp_path, monkeypatch, url: str, *args: str) -> tuple[list[dict], dict]:
+def grpo(tmp_path, monkeypatch, url: str, *args: str, harness: str = "shell") -> tuple[list[dict], dict]:
     # run() points POLAR_HOME / POLAR_LOG_DIR at its output dir: monkeypatch gives them back after
     monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
     out = tmp_path / "run"
     summary = grpo_run.run(grpo_run.parser().parse_args(
-        ["--harness", "shell", "--prompts", str(PROMPTS), "--group-size", str(GROUP), "--seed", "0", "--out", str(out),
+        ["--harness", harness, "--prompts", str(PROMPTS), "--group-size", str(GROUP), "--seed", "0", "--out", str(out),
          "--vllm-url", url, *args]))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     print("grpo: " + summary["line"] + "; per step " + " ".join(f"{r['mean_reward']:.3f}" for r in rows)
@@ -88,7 +90,7 @@ def grpo(tmp_path, monkeypatch, url: str, *args: str) -> tuple[list[dict], dict]
     return rows, summary
 
 
-def check_loop(rows: list[dict], summary: dict, steps: int, out: Path, url: str) -> None:
+def check_loop(rows: list[dict], summary: dict, steps: int, out: Path, url: str, harness: str = "shell") -> None:
     assert [r["step"] for r in rows] == list(range(steps))
     # every step sampled with the weights trained by the step before (in-place sync, no staleness)
     assert [r["policy_version"] for r in rows] == list(range(steps))
@@ -98,7 +100,7 @@ def check_loop(rows: list[dict], summary: dict, steps: int, out: Path, url: str)
     # the last sync reached vLLM: it serves the weights of version `steps` now
     assert requests.get(f"{url}/weight_info", timeout=10).json() == {"weight_version": str(steps)}
     first, last = rows[0]["mean_reward"], (rows[-1]["mean_reward"] + rows[-2]["mean_reward"]) / 2
-    assert summary["line"] == (f"rl-demo: harness shell, trainer polar, builder prefix_merging, "
+    assert summary["line"] == (f"rl-demo: harness {harness}, trainer polar, builder prefix_merging, "
                                f"mean reward {first:.2f} -> {last:.2f} over {steps} steps (seed 0)")
     # prefix_merging: one trace per (single-call) session, all of them trained on when used
     assert all(r["sequences"] == r["groups_trained"] * GROUP for r in rows), rows
@@ -112,6 +114,25 @@ def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
     rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), "--lr", "3e-3", "--epochs", "8",
                          "--lr-by-groups")
     check_loop(rows, summary, steps, tmp_path / "run", shared_vllm)
+    rewards = [r["mean_reward"] for r in rows]
+    verdict = learnt(rewards, PROMPTS * GROUP)
+    assert verdict["passed"], (rewards, verdict)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_codex_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
+    """GRPO through the real, unmodified Codex CLI (examples/grpo/codex_task.py): every session is
+    ``codex exec`` against the gateway, Responses on the wire, the model's hermes tool call turned
+    into Codex's ``exec_command`` function call, Codex running ``echo <direction> > answer.txt``
+    and sending the output back, the model ending the turn; TITO continues the second call from
+    the first's ids (one trace per session); the reward is the answer file. Same criterion as the
+    shell test (``report.learnt``)."""
+    steps = CODEX_STEPS
+    rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), *CODEX_ARGS, harness="codex")
+    check_loop(rows, summary, steps, tmp_path / "run", shared_vllm, harness="codex")
+    # sessions made Codex's round trip: the tool call, then the final text after the tool output
+    assert all(r["calls"] >= 1.5 * r["sessions"] for r in rows), rows
     rewards = [r["mean_reward"] for r in rows]
     verdict = learnt(rewards, PROMPTS * GROUP)
     assert verdict["passed"], (rewards, verdict)
