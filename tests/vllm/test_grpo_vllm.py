@@ -119,6 +119,7 @@ def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
     assert verdict["passed"], (rewards, verdict)
 
 
+@pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_codex_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
@@ -127,7 +128,8 @@ def test_codex_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_v
     into Codex's ``exec_command`` function call, Codex running ``echo <direction> > answer.txt``
     and sending the output back, the model ending the turn; TITO continues the second call from
     the first's ids (one trace per session); the reward is the answer file. Same criterion as the
-    shell test (``report.learnt``)."""
+    shell test (``report.learnt``). Behind ``full``: it passed 3 of 4 runs; in the fourth the
+    tool-call format collapsed after step 2 (docs/rl.md, "Through the real Codex CLI")."""
     steps = CODEX_STEPS
     rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), *CODEX_ARGS, harness="codex")
     check_loop(rows, summary, steps, tmp_path / "run", shared_vllm, harness="codex")
