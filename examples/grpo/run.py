@@ -68,11 +68,11 @@ NOT_BUILT = {
 }
 
 
-def template(timeout: int = 180, builder: str = "prefix_merging") -> dict:
+def template(timeout: int = 180, builder: str = "prefix_merging", agent: Path = AGENT) -> dict:
     """The TaskRequest every dataset row is merged into."""
     return {
         "timeout_seconds": timeout,
-        "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
+        "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(agent)]}},
         "runtime": {"backend": "local"},
         "builder": {"strategy": builder},
         "grader": {"strategy": "examples.grpo.grader:CursorGrader", "config": {"timeout_seconds": 60}},
@@ -119,7 +119,8 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     version = 0
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
-                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef)
+                            seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef,
+                            train_layers=args.train_layers)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -186,8 +187,13 @@ def run(args: argparse.Namespace) -> dict:
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
     base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
-    base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
-                      target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
+    if args.policy == "smollm2":  # a real pretrained model (examples/grpo/smollm.py)
+        from examples.grpo import smollm
+
+        base = smollm.prepare(Path(args.base) if args.base != parser().get_default("base") else None)
+    else:
+        base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
+                          target_p=args.target_p if args.target_p is not None else (0.3 if args.turns == 1 else 0.6))
     version = 0
     wdir = out / "weights" / f"v{version}"
     copy_weights(base, wdir)
@@ -214,7 +220,8 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        tmpl = template(builder=args.builder)
+        tmpl = template(builder=args.builder,
+                        agent=AGENT.with_name("smollm_agent.py") if args.policy == "smollm2" else AGENT)
 
         def rows_for_step(step: int) -> list[dict]:
             return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)
@@ -267,6 +274,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))
     ap.add_argument("--base", default=str(cache / "grpo" / "base"))
+    ap.add_argument("--policy", choices=["tiny", "smollm2"], default="tiny",
+                    help="tiny: the project-built base policy (base_model.py); smollm2: SmolLM2-135M-Instruct "
+                         "from the package registry (examples/grpo/smollm.py)")
+    ap.add_argument("--train-layers", type=int, default=0,
+                    help="train only the last N decoder layers + norm + LM head (0: the whole model)")
     ap.add_argument("--step-timeout", type=float, default=600.0)
     ap.add_argument("--init-workers", type=int, default=2)
     ap.add_argument("--run-workers", type=int, default=4)
