@@ -176,6 +176,80 @@ def baseline(base_url: str, samples: int, seed: int = 0, temperature: float = 1.
             "answers": top}
 
 
+def _long_server():
+    from examples.grpo.vllm_policy import PolicyServer
+
+    class Long(PolicyServer):
+        """SmolLM2's whole context (8192; Codex's first request is ~6.5k of its tokens) and KV
+        blocks for two such prompts; cached-token counts in ``usage``."""
+
+        def command(self) -> list[str]:
+            cmd = super().command()
+            cmd[cmd.index("--max-model-len") + 1] = "8192"
+            cmd[cmd.index("--num-gpu-blocks-override") + 1] = "128"
+            return cmd + ["--enable-prompt-tokens-details"]
+
+    return Long
+
+
+def LongServer(*a, **kw):
+    return _long_server()(*a, **kw)
+
+
+CODEX_REPLAY = ROOT / "tests" / "replays" / "codex" / "openai_responses.json"
+
+
+def codex_messages(body: dict) -> tuple[list[dict], int]:
+    """A recorded Codex CLI Responses request as the chat messages vLLM renders for SmolLM2, and
+    the number of tools. The gateway's own Responses adapter does the conversion; SmolLM2's chat
+    template (the GGUF's) takes string contents and has no tool section, so the parts are joined
+    and the tool schemas go into the first system message as JSON (what a tool-aware template
+    would add: their tokens are part of the prefill)."""
+    from polar_mq.proxy_app.adapters.openai_responses import to_chat
+
+    req = to_chat(body)
+    out = []
+    for m in req.messages:
+        c = m.get("content")
+        if isinstance(c, list):
+            c = "\n".join(p.get("text", "") for p in c if isinstance(p, dict))
+        text = c or ""
+        if m.get("tool_calls"):
+            text += "\n" + json.dumps(m["tool_calls"])
+        role = m["role"] if m["role"] in ("system", "user", "assistant") else "user"
+        out.append({"role": role, "content": text})
+    if req.tools:
+        out[0]["content"] += "\n\n# Tools\n" + json.dumps(req.tools)
+    return out, len(req.tools)
+
+
+def codex_prefill(url: str, repeats: int = 2) -> list[dict]:
+    """Prefill time of Codex CLI's recorded requests (call 1, call 1 again, call 2: the same
+    prefix + the first reply and tool result) on the vLLM at ``url``: ``max_tokens`` 1, greedy, so
+    the time is the prompt's prefill (+ one token). vLLM's prefix cache is on by default; the
+    repeated call and call 2 reuse call 1's KV blocks."""
+    import requests
+
+    recorded = json.loads(CODEX_REPLAY.read_text())["requests"]
+    calls = [("call 1 (cold)", recorded[0])] + [(f"call 1 again #{i + 1}", recorded[0]) for i in range(repeats - 1)]
+    calls.append(("call 2 (extends call 1)", recorded[1]))
+    out = []
+    for name, rec in calls:
+        msgs, ntools = codex_messages(rec["body"])
+        t0 = time.time()
+        r = requests.post(url.rstrip("/") + "/v1/chat/completions", timeout=900,
+                          json={"model": "policy", "messages": msgs, "max_tokens": 1, "temperature": 0})
+        dt = time.time() - t0
+        r.raise_for_status()
+        usage = r.json().get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        row = {"call": name, "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached,
+               "tools": ntools, "seconds": round(dt, 2)}
+        log(json.dumps(row))
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -187,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="the prepared model (default: the cache)")
     p.add_argument("--vllm-url", default=None, help="a running vLLM serving it as 'policy' (else one is started)")
     p.add_argument("--strict", action="store_true", help="task.py's own prompt and exact-word rule (agent.py)")
+    p = sub.add_parser("codex-prefill", help="prefill time of Codex CLI's recorded request, cold and prefix-cached")
+    p.add_argument("--out", default=None, help="the prepared model (default: the cache)")
+    p.add_argument("--vllm-url", default=None, help="a running vLLM serving it as 'policy' with a context of "
+                                                    ">= 8192 (else one is started)")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         print(prepare(Path(args.out) if args.out else None))
@@ -200,9 +278,14 @@ def main(argv: list[str] | None = None) -> int:
         from examples.grpo.vllm_policy import PolicyServer
 
         server = PolicyServer(model_dir, Path(tempfile.mkdtemp(prefix="smollm-vllm-")) / "vllm.log", free_port())
+        if args.cmd == "codex-prefill":
+            server = LongServer(model_dir, server.log_path, server.port)
         log(f"vLLM ready in {server.start():.0f}s")
         url = server.url
     try:
+        if args.cmd == "codex-prefill":
+            print(json.dumps(codex_prefill(url)))
+            return 0
         res = baseline(url, args.samples, args.seed, strict=args.strict)
     finally:
         if server is not None:
