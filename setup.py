@@ -65,7 +65,9 @@ setup(
         # examples/grpo and polar_mq.rl.trainers: a CPU trainer (torch + transformers), TRL's
         # GRPOTrainer integration and the reward plot. torch is pinned to the CPU build the
         # machines here carry as a local wheel (pip must never pull a CUDA torch for this).
-        "rl": ["torch==2.13.0", "transformers>=4.57", "trl>=0.25", "matplotlib>=3.8", "datasets>=2.19"],
+        # gguf + accelerate: transformers de-quantises SmolLM2's GGUF (examples/grpo/smollm.py)
+        "rl": ["torch==2.13.0", "transformers>=4.57", "trl>=0.25", "matplotlib>=3.8", "datasets>=2.19",
+               "gguf>=0.10", "accelerate>=1.0"],
         "swebench": ["swebench==5.0.2"],
     },
     entry_points={"console_scripts": ["polar-mq=polar_mq.cli:main"]},

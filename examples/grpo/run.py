@@ -67,7 +67,8 @@ NOT_BUILT = {
 }
 
 
-def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell") -> dict:
+def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell",
+             agent: Path = AGENT) -> dict:
     """The TaskRequest every dataset row is merged into. ``codex``: the pinned Codex CLI with the
     configuration overrides of ``codex_task.OVERRIDES`` (short instructions, optional tools off),
     sampling at temperature 1 (Codex sends none), graded on the ``answer.txt`` its tool call wrote."""
@@ -84,7 +85,7 @@ def template(timeout: int = 180, builder: str = "prefix_merging", harness: str =
         }
     return {
         "timeout_seconds": timeout,
-        "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(AGENT)]}},
+        "agent": {"harness": "shell", "model": "policy", "options": {"command": [sys.executable, str(agent)]}},
         "runtime": {"backend": "local"},
         "builder": {"strategy": builder},
         "grader": {"strategy": "examples.grpo.grader:CursorGrader", "config": {"timeout_seconds": 60}},
@@ -132,7 +133,7 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
                             seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable,
-                            adam_eps=args.adam_eps)
+                            adam_eps=args.adam_eps, train_layers=args.train_layers)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -191,6 +192,8 @@ def run(args: argparse.Namespace) -> dict:
     codex = args.harness == "codex"
     if codex and (args.turns != 1 or args.trainer != "polar"):
         raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+    if args.policy == "smollm2" and args.harness != "shell":
+        raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
     # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): the codex policy trains its
     # LM head only (the whole model broke the tool-call format in one step), at 1e-2 x 8 epochs
     if args.trainable is None:
@@ -220,6 +223,10 @@ def run(args: argparse.Namespace) -> dict:
         log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
         base = build_codex_base(Path(f"{args.base}-codex"), seed=args.seed, log=log,
                                 target_p=args.target_p if args.target_p is not None else 0.3)
+    elif args.policy == "smollm2":  # a real pretrained model (examples/grpo/smollm.py)
+        from examples.grpo import smollm
+
+        base = smollm.prepare(Path(args.base) if args.base != parser().get_default("base") else None)
     else:
         base_dir = Path(args.base) if args.turns == 1 else Path(f"{args.base}-turns{args.turns}")
         base = build_base(base_dir, seed=args.seed, log=log, turns=args.turns,
@@ -255,7 +262,8 @@ def run(args: argparse.Namespace) -> dict:
                        concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
-        tmpl = template(builder=args.builder, harness=args.harness)
+        tmpl = template(builder=args.builder, harness=args.harness,
+                        agent=AGENT.with_name("smollm_agent.py") if args.policy == "smollm2" else AGENT)
 
         def rows_for_step(step: int) -> list[dict]:
             return task.rows(args.prompts, args.seed, offset=step * args.prompts, turns=args.turns)
@@ -315,6 +323,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))
     ap.add_argument("--base", default=str(cache / "grpo" / "base"))
+    ap.add_argument("--policy", choices=["tiny", "smollm2"], default="tiny",
+                    help="tiny: the project-built base policy (base_model.py); smollm2: SmolLM2-135M-Instruct "
+                         "from the package registry (examples/grpo/smollm.py)")
+    ap.add_argument("--train-layers", type=int, default=0,
+                    help="train only the last N decoder layers + norm + LM head (0: the whole model)")
     ap.add_argument("--step-timeout", type=float, default=600.0)
     ap.add_argument("--init-workers", type=int, default=2)
     ap.add_argument("--run-workers", type=int, default=4)

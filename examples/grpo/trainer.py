@@ -40,7 +40,8 @@ class StepStats:
 class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
                  minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
-                 kl_coef: float = 0.0, trainable: str = "all", adam_eps: float = 1e-8):
+                 kl_coef: float = 0.0, trainable: str = "all", adam_eps: float = 1e-8,
+                 train_layers: int = 0):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -49,6 +50,8 @@ class PolicyTrainer:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.train()
+        if train_layers > 0:
+            freeze_below(self.model, train_layers)
         # GRPO's KL term (DeepSeekMath): the frozen starting policy as reference
         self.kl_coef = kl_coef
         self.ref = None
@@ -166,6 +169,18 @@ class PolicyTrainer:
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out, safe_serialization=True)
         return time.time() - t0
+
+
+def freeze_below(model, n: int) -> None:
+    """Train only the last ``n`` decoder layers, the final norm and the (untied) LM head: the cheap
+    variant for a real pretrained policy on CPU (examples/grpo/smollm.py). The frozen part still
+    runs forward, and every weight (changed or not) is saved and synced into vLLM as usual."""
+    layers = model.model.layers
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for mod in [*layers[max(0, len(layers) - n):], model.model.norm, model.lm_head]:
+        for p in mod.parameters():
+            p.requires_grad_(True)
 
 
 def finite(x: float) -> bool:
