@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 import redis
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 SENTINEL_SCHEME = "redis+sentinel://"
 DEFAULT_SENTINEL_PORT = 26379
@@ -104,6 +104,24 @@ def sentinel_for(parsed: SentinelURL, **kwargs: Any) -> Sentinel:
     return Sentinel(parsed.sentinels, sentinel_kwargs=skw, **kwargs)
 
 
+class FollowingConnection(SentinelManagedConnection):
+    """A connection to the Sentinel-managed primary that asks the Sentinels for the primary on
+    every reconnect attempt. redis-py's send path reconnects with `connect_check_health`, whose
+    retries keep the address of the last primary: a command in flight when the primary died then
+    retried the dead address for the whole ride-out budget and failed (a run stage's transition;
+    its session then ran twice). tests/store/test_sentinel.py::
+    test_a_connection_cut_mid_command_follows_the_new_primary guards it."""
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if self._sock is not None or not retry_socket_connect or not self.connection_pool.is_master:
+            return super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+        self.retry.call_with_retry(lambda: self._connect_to_primary(check_health), lambda error: None)
+
+    def _connect_to_primary(self, check_health: bool) -> None:
+        self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health, retry_socket_connect=False)
+
+
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
     """A Sentinel pool whose callers wait for a free connection (the gateway's pool kind)."""
 
@@ -137,7 +155,8 @@ def client(url: str, *, blocking_pool: bool = False, max_connections: int | None
         master_kwargs.setdefault("max_connections", 512)
         master_kwargs["timeout"] = pool_timeout
     sentinel = sentinel_for(parsed, **sentinel_kwargs)
-    return sentinel.master_for(parsed.master, connection_pool_class=pool_class, **master_kwargs)
+    return sentinel.master_for(parsed.master, connection_pool_class=pool_class, connection_class=FollowingConnection,
+                               **master_kwargs)
 
 
 def uses_sentinel(r: Any) -> bool:

@@ -160,3 +160,42 @@ def test_up_api_and_cli_on_a_sentinel_url(tmp_path):
     finally:
         up.stop()
         cluster.stop()
+
+
+# a script that holds the server for a second (DEBUG SLEEP is disabled in redis-server 7)
+BUSY_SECOND = """local t0 = redis.call('TIME')
+repeat local t = redis.call('TIME') until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 1000000
+return 1"""
+
+
+def test_a_connection_cut_mid_command_follows_the_new_primary(tmp_path):
+    """A command in flight when the primary dies is retried on the NEW primary: redis-py's send
+    path reconnects with `connect_check_health`, whose retries kept the dead primary's address
+    for the whole ride-out budget (a run stage's transition then failed 60 s later and the janitor
+    ran its session again). `redis_url.FollowingConnection` resolves the primary on every try."""
+    import threading
+
+    cluster = start_sentinel_cluster(tmp_path / "sentinel")
+    try:
+        r = connect(cluster.url, ride_out_outages=30)
+        r.set("k", "before")
+        done: dict = {}
+
+        def in_flight() -> None:  # the reply never comes from the old primary
+            t0 = time.time()
+            with r.pipeline(transaction=False) as pipe:
+                pipe.eval(BUSY_SECOND, 0)
+                pipe.set("k", "after")
+                done["result"] = pipe.execute(raise_on_error=False)
+            done["took"] = time.time() - t0
+
+        t = threading.Thread(target=in_flight)
+        t.start()
+        time.sleep(0.3)
+        old = cluster.kill_primary()
+        t.join(60)
+        assert "took" in done and done["took"] < 15, done
+        assert cluster.primary_port() != old.port, done
+        assert r.get("k") == b"after"
+    finally:
+        cluster.stop()
