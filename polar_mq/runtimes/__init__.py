@@ -56,6 +56,19 @@ def bwrap_works() -> bool:
         return False
 
 
+def preload_docker_sdk() -> None:
+    """Import the optional docker SDK whole, once, in the worker's main thread before its pool's
+    threads start: two threads importing it for the first time at once can see a half-initialised
+    `docker.types` (ImportError "partially initialized module", an init stage in the threads pool).
+    tests/runtimes/test_runtimes_docker.py::test_the_worker_preloads_the_docker_sdk guards it."""
+    try:
+        import docker  # type: ignore[import-untyped]  # noqa: F401
+        import docker.errors  # type: ignore[import-untyped]  # noqa: F401
+        import docker.types  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:  # no SDK: the docker runtime says so when it is asked for
+        pass
+
+
 def docker_works() -> bool:
     try:
         import docker  # type: ignore[import-untyped]

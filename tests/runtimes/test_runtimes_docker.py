@@ -4,6 +4,7 @@ Skipped, with the reason, where dockerd cannot start (not installed, not root, n
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -269,3 +270,17 @@ def test_create_arguments_without_an_engine(tmp_path, monkeypatch):
     assert "/nonexistent" not in seen["volumes"]
     assert h.workdir == "/testbed" and h.host_workdir == f"{sdir}/work" and h.network == "host"
     assert seen["execs"] == [["mkdir", "-p", "/testbed"]]
+
+
+def test_the_worker_preloads_the_docker_sdk():
+    """The worker module imports the docker SDK whole in its main thread (runtimes.preload_docker_sdk),
+    before the threads pool runs stages: two stage threads importing it first at the same time saw
+    a partially initialised `docker.types` (ImportError in an init stage)."""
+    import subprocess
+
+    code = ("import sys; import polar_mq.tasks.worker.main; "
+            "print(all(m in sys.modules for m in ('docker', 'docker.types', 'docker.errors')))")
+    env = {**os.environ, "POLAR_REDIS_URL": "redis://127.0.0.1:1/0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout

@@ -10,6 +10,7 @@ import threading
 from celery.signals import worker_process_init, worker_ready
 
 from polar_mq.store.pipeline import PipelineStore
+from polar_mq import runtimes
 from polar_mq.runtimes import orphans
 from polar_mq.settings import PipelineSettings
 from polar_mq.store.core import GatewayStore, connect
@@ -22,6 +23,8 @@ from polar_mq.tasks.app.publish import sender
 from polar_mq.tasks.worker.housekeeping import start_janitor, start_node_beat
 from polar_mq.tasks.worker.janitor import start_orphan_reaper
 from polar_mq.tasks.app.routing import CALLBACK_TASK, INIT_TASK, POSTRUN_TASK, RUN_TASK, make_enqueue
+
+runtimes.preload_docker_sdk()  # before the pool's threads: a concurrent first import breaks
 
 log = logging.getLogger("polar_mq.worker")
 
