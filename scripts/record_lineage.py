@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from record_replays import (MODEL, REPLAY_KEY, RecordingProxy, _wait, free_port, scrub,  # noqa: E402
+from record_replays import (MODEL, RecordingProxy, scrub, start_stack,  # noqa: E402
                             stop_stack, to_fixture_entry)
 
 from polar_mq import harnesses  # noqa: E402
@@ -139,28 +139,6 @@ def big_text() -> str:
                    for i in range(BIG_LINES))
 
 
-def start_stack(logdir: Path, script: Path, max_model_len: int) -> tuple[str, list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    ms_port, gw_port = free_port(), free_port()
-    ms_log, gw_log = logdir / "model-server.log", logdir / "gateway.log"
-    ms = subprocess.Popen([sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1",
-                           "--port", str(ms_port), "--max-model-len", str(max_model_len),
-                           "--scripted", str(script)],
-                          stdout=open(ms_log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT,
-                          start_new_session=True)
-    procs.append(ms)
-    _wait(f"http://127.0.0.1:{ms_port}/health", ms, ms_log)
-    gw = subprocess.Popen([sys.executable, "-m", "polar_mq.cli", "gateway", "--host", "127.0.0.1",
-                           "--port", str(gw_port), "--upstream", f"http://127.0.0.1:{ms_port}",
-                           "--workers", "1"],
-                          stdout=open(gw_log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT,
-                          env={**os.environ, "POLAR_SPOOL_DIR": str(logdir / "spool")},
-                          start_new_session=True)
-    procs.append(gw)
-    _wait(f"http://127.0.0.1:{gw_port}/health", gw, gw_log)
-    return f"http://127.0.0.1:{gw_port}", procs
-
-
 def record(harness: str, scenario: str, timeout: float, out_dir: Path) -> dict[str, Any]:
     spec = SPECS[harness]
     steps = script_for(harness, scenario)
@@ -168,7 +146,8 @@ def record(harness: str, scenario: str, timeout: float, out_dir: Path) -> dict[s
     logdir = Path(tempfile.mkdtemp(prefix=f"polar-lineage-{harness}-"))
     script = logdir / "script.json"
     script.write_text(json.dumps(steps))
-    gateway, procs = start_stack(logdir, script, max_model_len)
+    gateway, procs = start_stack(logdir, max_model_len=max_model_len,
+                                  model_server_args=("--scripted", str(script)))
     proxy = RecordingProxy(gateway)
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-lineage-run-{harness}-"))
     outs = []

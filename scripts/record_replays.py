@@ -208,12 +208,15 @@ def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90.0) ->
         raise RuntimeError(f"{exc}\n{log.read_text(errors='replace')[-3000:]}") from None
 
 
-def start_stack(logdir: Path) -> Tuple[str, List[subprocess.Popen]]:
-    procs = []
+def start_stack(logdir: Path, *, max_model_len: int = 131072,
+                model_server_args: Tuple[str, ...] = ()) -> Tuple[str, List[subprocess.Popen]]:
+    """The stand-in model server and a gateway in front of it: (gateway URL, processes)."""
+    procs: List[subprocess.Popen] = []
     ms_port, gw_port = free_port(), free_port()
     ms_log, gw_log = logdir / "model-server.log", logdir / "gateway.log"
     ms = subprocess.Popen([sys.executable, "-m", "polar_mq.dev.model_server", "--host", "127.0.0.1",
-                           "--port", str(ms_port), "--max-model-len", "131072"],
+                           "--port", str(ms_port), "--max-model-len", str(max_model_len),
+                           *model_server_args],
                           stdout=open(ms_log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT,
                           start_new_session=True)
     procs.append(ms)

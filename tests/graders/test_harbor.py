@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import stop
-from tests.support.docker_engine import start_engine
+from tests.support.docker_engine import running_engine
 from tests.support.pipeline import ROOT, TINY_AGENT, running_pipeline
 from polar_mq import states
 from polar_mq.rl.datasets import harbor
@@ -51,11 +51,7 @@ def make_task(root: Path, name: str, *, base: str, ok: str, bad: str) -> Path:
 
 @pytest.fixture(scope="module")
 def engine():
-    eng, why = start_engine()
-    if eng is None:
-        pytest.fail(f"no Docker engine: {why}")  # docker.io is a CI dependency (.ci/run)
-    yield eng
-    eng.stop()
+    yield from running_engine()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 import redis
 import requests
 
-from tests.support.pipeline import agent_task, make_pipeline
+from tests.support.pipeline import BorrowedRedis, agent_task, make_pipeline
 from tests.support.servers import AUTH, GatewayHandle, spawn, start_gateway, stop
 from polar_mq import states
 from polar_mq.cli.embedded_redis import start_embedded
@@ -31,22 +31,12 @@ RETENTION = 6  # seconds: POLAR_RETENTION_SECONDS of this module's pipeline and 
 SCORES = {"scores": {"overall": 0.5}, "explanation": "fine"}
 
 
-class _Shared:
-    """The test's Redis, handed to the pipeline without letting it stop the server."""
-
-    def __init__(self, server):
-        self.url = server.url
-
-    def stop(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def env(log_dir, model_server, tmp_path_factory):
     server = start_embedded()
     gw = start_gateway(log_dir, server.url, [model_server], name="gw-janitor")
     gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=server.url, server=gw)
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("janitor"), redis_server=_Shared(server),
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("janitor"), redis_server=BorrowedRedis(server.url),
                       POLAR_RETENTION_SECONDS=str(RETENTION), POLAR_RETENTION_SWEEP_SECONDS="1",
                       POLAR_KEEP_WORKDIRS="0")
     p.start_worker("init", 2)

@@ -24,7 +24,7 @@ from polar_mq import states
 from polar_mq.graders.swebench import swebench_available
 from polar_mq.runtimes.images.hostfs import make_base_rootfs
 from tests.api.test_api import start_api
-from tests.support.docker_engine import start_engine
+from tests.support.docker_engine import running_engine
 from tests.support.pipeline import ROOT, running_pipeline
 from tests.support.servers import stop
 
@@ -109,11 +109,7 @@ def two_rows(swegym, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine():
-    eng, why = start_engine()
-    if eng is None:
-        pytest.fail(f"no Docker engine: {why}")  # docker.io is a CI dependency (.ci/run)
-    yield eng
-    eng.stop()
+    yield from running_engine()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docker_engine import start_engine
+from tests.support.docker_engine import running_engine
 from tests.support.pipeline import TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.runtimes.docker import LABEL, DockerRuntime, container_name, sweep
@@ -20,13 +20,10 @@ from polar_mq.taskspec import RuntimeSpec
 
 @pytest.fixture(scope="module")
 def engine(monkeypatch_module):
-    eng, why = start_engine()
-    if eng is None:
-        pytest.skip(f"no Docker engine: {why}")
-    for k, v in eng.env().items():
-        monkeypatch_module.setenv(k, v)
-    yield eng
-    eng.stop()
+    for eng in running_engine():
+        for k, v in eng.env().items():
+            monkeypatch_module.setenv(k, v)
+        yield eng
 
 
 @pytest.fixture(scope="module")

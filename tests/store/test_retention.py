@@ -18,7 +18,7 @@ import redis
 import requests
 
 from tests.support.servers import AUTH, GatewayHandle, spawn, start_gateway, stop
-from tests.support.pipeline import ROOT, TINY_AGENT, agent_task, make_pipeline
+from tests.support.pipeline import BorrowedRedis, ROOT, TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
 from polar_mq.store import retention
 from polar_mq.cli.embedded_redis import start_embedded
@@ -26,22 +26,12 @@ from polar_mq.store.core import Keys
 from polar_mq.cli.up import free_port
 
 
-class _Shared:
-    """The test's Redis, handed to the pipeline without letting it stop the server."""
-
-    def __init__(self, server):
-        self.url = server.url
-
-    def stop(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def env(log_dir, model_server, tmp_path_factory):
     server = start_embedded()
     gw = start_gateway(log_dir, server.url, [model_server], name="gw-retention")
     gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=server.url, server=gw)
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention"), redis_server=_Shared(server),
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention"), redis_server=BorrowedRedis(server.url),
                       POLAR_RETENTION_SECONDS="5000", POLAR_KEEP_WORKDIRS="0")
     for stage in ("init", "run", "postrun"):
         p.start_worker(stage, 1)
@@ -140,7 +130,7 @@ def split_env(log_dir, model_server, tmp_path_factory):
     pipeline_redis, gateway_redis = start_embedded(), start_embedded()
     gw = start_gateway(log_dir, gateway_redis.url, [model_server], name="gw-retention-split")
     gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=gateway_redis.url, server=gw)
-    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention-split"), redis_server=_Shared(pipeline_redis),
+    p = make_pipeline(gateway, tmp_path_factory.mktemp("retention-split"), redis_server=BorrowedRedis(pipeline_redis.url),
                       POLAR_RETENTION_SECONDS="5000", POLAR_GATEWAY_REDIS_URL=gateway_redis.url)
     for stage in ("init", "run", "postrun"):
         p.start_worker(stage, 1)

@@ -132,3 +132,17 @@ def start_engine() -> tuple[Engine | None, str]:
         engine.stop()
         return None, f"cannot import the rootfs image: {exc}"
     return engine, ""
+
+
+def running_engine():
+    """A module fixture's body: a started engine, stopped after. No engine is a failure, not a
+    skip (docker.io is a CI dependency, .ci/run)."""
+    import pytest
+
+    eng, why = start_engine()
+    if eng is None:
+        pytest.fail(f"no Docker engine: {why}")
+    try:
+        yield eng
+    finally:
+        eng.stop()

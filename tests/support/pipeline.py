@@ -88,6 +88,17 @@ class Pipeline:
         raise AssertionError(f"sessions not finished: {[(r.session_id, r.state) for r in recs]}")
 
 
+class BorrowedRedis:
+    """A Redis the test owns, handed to make_pipeline(redis_server=...): the pipeline's stop()
+    leaves it running for the test's other users."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def stop(self) -> None:
+        pass
+
+
 def make_pipeline(gateway, base: Path, *, redis_server=None, **env: str) -> Pipeline:
     """A pipeline with its own Redis (so its queues are its own) talking to the shared gateway."""
     from polar_mq.cli.embedded_redis import start_embedded

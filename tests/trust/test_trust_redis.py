@@ -139,7 +139,7 @@ def test_each_role_is_refused_dangerous_commands_and_foreign_keys(acl_redis):
 def test_the_whole_pipeline_runs_on_role_users(acl_redis, model_server, log_dir, tmp_path):
     """API (hub user), gateway (gateway user) and the three pools (worker user) complete a session
     on one Redis with the generated ACL file; no role met a NOPERM on the way (ACL LOG)."""
-    from tests.support.pipeline import agent_task, make_pipeline
+    from tests.support.pipeline import BorrowedRedis, agent_task, make_pipeline
     from tests.support.servers import GatewayHandle, TOKEN, spawn, start_gateway, stop
     from polar_mq.client import Client
     from polar_mq.cli.embedded_redis import free_port
@@ -147,17 +147,11 @@ def test_the_whole_pipeline_runs_on_role_users(acl_redis, model_server, log_dir,
     urls, admin, _ = acl_redis
     admin.execute_command("ACL", "LOG", "RESET")
 
-    class Shared:
-        url = urls["worker"]
-
-        def stop(self) -> None:
-            pass
-
     gw = start_gateway(log_dir, urls["gateway"], [model_server], name="gw-acl")
     p = api = None
     try:
         gateway = GatewayHandle(url=gw.url, upstream_url=model_server, redis_url=urls["gateway"], server=gw)
-        p = make_pipeline(gateway, tmp_path, redis_server=Shared())
+        p = make_pipeline(gateway, tmp_path, redis_server=BorrowedRedis(urls["worker"]))
         for stage in ("init", "run", "postrun"):
             p.start_worker(stage, 1)
         port = free_port()
