@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from openai import OpenAI
 
@@ -39,21 +40,27 @@ def move(direction: str) -> str:
     return f"cursor at {state['x']},{state['y']}"
 
 
-def main() -> int:
+def converse(system: str, max_tokens: int, act: Callable[[str], str]) -> int:
+    """One conversation: every line of POLAR_INSTRUCTION a user turn, every reply carried out by
+    ``act`` (its result printed), the reply kept in the history as sent."""
     client = OpenAI()
     model = os.environ.get("POLAR_MODEL", "policy")
     temperature = float(os.environ.get("GRPO_TEMPERATURE", "1.0"))
-    messages: list = [{"role": "system", "content": SYSTEM}]
+    messages: list = [{"role": "system", "content": system}]
     for line in os.environ["POLAR_INSTRUCTION"].splitlines():
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line.strip()})
         reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
-                                               max_tokens=MAX_TOKENS).choices[0].message
-        answer = (reply.content or "").strip()
-        print(f"answer {answer!r} -> {move(answer)}", flush=True)
-        messages.append({"role": "assistant", "content": reply.content or ""})
+                                               max_tokens=max_tokens).choices[0].message
+        text = reply.content or ""
+        print(f"answer {text!r} -> {act(text)}", flush=True)
+        messages.append({"role": "assistant", "content": text})
     return 0
+
+
+def main() -> int:
+    return converse(SYSTEM, MAX_TOKENS, lambda text: move(text.strip()))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,12 @@ read the instruction and to commit to one word.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
-from openai import OpenAI
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent import move  # noqa: E402
+from agent import converse, move  # noqa: E402
 from task import STEP  # noqa: E402
 
 SYSTEM = "You control a cursor on a grid. Answer with one word: up, down, left or right."
@@ -32,22 +29,13 @@ def chosen(reply: str) -> str | None:
     return named.pop() if len(named) == 1 else None
 
 
+def act(reply: str) -> str:
+    d = chosen(reply)
+    return move(d) if d else "no single direction: nothing moved"
+
+
 def main() -> int:
-    client = OpenAI()
-    model = os.environ.get("POLAR_MODEL", "policy")
-    temperature = float(os.environ.get("GRPO_TEMPERATURE", "1.0"))
-    messages: list = [{"role": "system", "content": SYSTEM}]
-    for line in os.environ["POLAR_INSTRUCTION"].splitlines():
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.strip()})
-        reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
-                                               max_tokens=MAX_TOKENS).choices[0].message
-        text = reply.content or ""
-        d = chosen(text)
-        print(f"answer {text!r} -> {move(d) if d else 'no single direction: nothing moved'}", flush=True)
-        messages.append({"role": "assistant", "content": text})
-    return 0
+    return converse(SYSTEM, MAX_TOKENS, act)
 
 
 if __name__ == "__main__":
