@@ -7,7 +7,11 @@ primary:
     redis+sentinel://[[user]:password@]host1:port1,host2:port2/<master name>/<db>
 
 The credentials are the data nodes' (primary and replicas); Sentinels are asked without them
-unless the query names `sentinel_password` (and `sentinel_username`). The client asks the
+unless the query names `sentinel_password` (and `sentinel_username`). TLS is asked for in the
+query: `ssl=true` with redis-py's `ssl_ca_certs`, `ssl_cert_reqs`, `ssl_certfile`, `ssl_keyfile`,
+`ssl_check_hostname` (any `ssl_*` option implies `ssl=true`); the Sentinels are spoken to over TLS
+too unless `sentinel_ssl=false`. Any other query option is an error, not ignored (a dropped `ssl`
+would have meant plain text). The client asks the
 Sentinels for the primary on every new connection, and a connection that meets a demoted primary
 (READONLY) is dropped and re-resolved, so every role follows a failover without a restart
 (tests/store/test_sentinel.py).
@@ -20,10 +24,12 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 import redis
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
 
 SENTINEL_SCHEME = "redis+sentinel://"
 DEFAULT_SENTINEL_PORT = 26379
+SSL_OPTIONS = ("ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+QUERY_OPTIONS = ("sentinel_username", "sentinel_password", "ssl", "sentinel_ssl", *SSL_OPTIONS)
 
 
 class RedisURLError(ValueError):
@@ -39,7 +45,13 @@ class SentinelURL:
     password: str | None = None
     sentinel_username: str | None = None
     sentinel_password: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
+    ssl: bool = False  # the data nodes speak TLS
+    sentinel_ssl: bool = False  # the Sentinels speak TLS
+    ssl_options: dict[str, Any] = field(default_factory=dict)  # redis-py's ssl_* connection options
+
+    def ssl_kwargs(self) -> dict[str, Any]:
+        """redis-py connection options for a TLS connection with this URL's ssl_* settings."""
+        return {"ssl": True, **self.ssl_options}
 
 
 def is_sentinel(url: str | None) -> bool:
@@ -59,6 +71,31 @@ def _host_port(item: str) -> tuple[str, int]:
         return host, int(port) if port else DEFAULT_SENTINEL_PORT
     except ValueError:
         raise RedisURLError(f"sentinel address {item!r}: port {port!r} is not a number") from None
+
+
+def _flag(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise RedisURLError(f"{SENTINEL_SCHEME} URL option {name}={value!r}: expected true or false")
+
+
+def _ssl_query(opts: dict[str, str]) -> tuple[bool, bool, dict[str, Any]]:
+    """(ssl, sentinel_ssl, ssl_* options) from the query; unknown options are refused."""
+    unknown = sorted(set(opts) - set(QUERY_OPTIONS))
+    if unknown:
+        raise RedisURLError(f"{SENTINEL_SCHEME} URL option(s) {', '.join(unknown)} not understood "
+                            f"(known: {', '.join(QUERY_OPTIONS)})")
+    ssl_options: dict[str, Any] = {k: opts[k] for k in SSL_OPTIONS if k in opts}
+    if "ssl_check_hostname" in ssl_options:
+        ssl_options["ssl_check_hostname"] = _flag("ssl_check_hostname", ssl_options["ssl_check_hostname"])
+    ssl = _flag("ssl", opts["ssl"]) if "ssl" in opts else bool(ssl_options)
+    if ssl_options and not ssl:
+        raise RedisURLError(f"{SENTINEL_SCHEME} URL has ssl=false but ssl_* options: drop one")
+    sentinel_ssl = _flag("sentinel_ssl", opts["sentinel_ssl"]) if "sentinel_ssl" in opts else ssl
+    return ssl, sentinel_ssl, ssl_options
 
 
 def parse_sentinel(url: str) -> SentinelURL:
@@ -90,9 +127,11 @@ def parse_sentinel(url: str) -> SentinelURL:
     except ValueError:
         raise RedisURLError(f"{SENTINEL_SCHEME} URL db {parts[1]!r} is not a number") from None
     opts = {k: v[-1] for k, v in parse_qs(query).items()}
+    ssl, sentinel_ssl, ssl_options = _ssl_query(opts)
     return SentinelURL(sentinels=sentinels, master=unquote(parts[0]), db=db, username=username,
-                       password=password, sentinel_username=opts.pop("sentinel_username", None),
-                       sentinel_password=opts.pop("sentinel_password", None), options=opts)
+                       password=password, sentinel_username=opts.get("sentinel_username"),
+                       sentinel_password=opts.get("sentinel_password"), ssl=ssl, sentinel_ssl=sentinel_ssl,
+                       ssl_options=ssl_options)
 
 
 def sentinel_for(parsed: SentinelURL, **kwargs: Any) -> Sentinel:
@@ -101,6 +140,8 @@ def sentinel_for(parsed: SentinelURL, **kwargs: Any) -> Sentinel:
         skw["password"] = parsed.sentinel_password
         if parsed.sentinel_username:
             skw["username"] = parsed.sentinel_username
+    if parsed.sentinel_ssl:
+        skw.update(parsed.ssl_kwargs())
     return Sentinel(parsed.sentinels, sentinel_kwargs=skw, **kwargs)
 
 
@@ -120,6 +161,10 @@ class FollowingConnection(SentinelManagedConnection):
     def _connect_to_primary(self, check_health: bool) -> None:
         self.host, self.port = self.connection_pool.get_master_address()
         super().connect_check_health(check_health=check_health, retry_socket_connect=False)
+
+
+class FollowingSSLConnection(FollowingConnection, SentinelManagedSSLConnection):
+    """FollowingConnection over TLS (a `redis+sentinel://...?ssl=true` URL)."""
 
 
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
@@ -149,13 +194,17 @@ def client(url: str, *, blocking_pool: bool = False, max_connections: int | None
         master_kwargs["username"] = parsed.username
     if max_connections is not None:
         master_kwargs["max_connections"] = max_connections
+    connection_class: type[FollowingConnection] = FollowingConnection
+    if parsed.ssl:
+        connection_class = FollowingSSLConnection
+        master_kwargs.update(parsed.ssl_options)
     pool_class: type[SentinelConnectionPool] = SentinelConnectionPool
     if blocking_pool:
         pool_class = BlockingSentinelPool
         master_kwargs.setdefault("max_connections", 512)
         master_kwargs["timeout"] = pool_timeout
     sentinel = sentinel_for(parsed, **sentinel_kwargs)
-    return sentinel.master_for(parsed.master, connection_pool_class=pool_class, connection_class=FollowingConnection,
+    return sentinel.master_for(parsed.master, connection_pool_class=pool_class, connection_class=connection_class,
                                **master_kwargs)
 
 
@@ -164,12 +213,21 @@ def uses_sentinel(r: Any) -> bool:
     return isinstance(getattr(r, "connection_pool", None), SentinelConnectionPool)
 
 
-def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
-    """(broker URL, transport options) for kombu: the URL itself for redis-py schemes; for a
-    Sentinel URL kombu's `sentinel://h1:p1;sentinel://h2:p2` form plus `master_name` (and
-    `sentinel_kwargs` when the Sentinels need a password)."""
+@dataclass(frozen=True)
+class CeleryBroker:
+    """What Celery needs for one Redis URL: `broker_url`, `broker_transport_options` entries and
+    `broker_use_ssl` (None: plain text, or TLS read from a rediss:// URL by kombu itself)."""
+    url: str
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    use_ssl: dict[str, Any] | None = None
+
+
+def celery_broker(url: str) -> CeleryBroker:
+    """The URL itself for redis-py schemes; for a Sentinel URL kombu's
+    `sentinel://h1:p1;sentinel://h2:p2` form plus `master_name` (and `sentinel_kwargs` when the
+    Sentinels need a password or TLS), and `broker_use_ssl` when the data nodes speak TLS."""
     if not is_sentinel(url):
-        return url, {}
+        return CeleryBroker(url)
     parsed = parse_sentinel(url)
     auth = ""
     if parsed.password is not None:
@@ -178,11 +236,18 @@ def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
     broker = ";".join(f"sentinel://{auth}{h}:{p}/{parsed.db}"
                       for h, (_, p) in zip(hosts, parsed.sentinels))
     options: dict[str, Any] = {"master_name": parsed.master}
+    sentinel_kwargs: dict[str, Any] = {}
     if parsed.sentinel_password:
-        options["sentinel_kwargs"] = {"password": parsed.sentinel_password,
-                                      **({"username": parsed.sentinel_username}
-                                         if parsed.sentinel_username else {})}
-    return broker, options
+        sentinel_kwargs["password"] = parsed.sentinel_password
+        if parsed.sentinel_username:
+            sentinel_kwargs["username"] = parsed.sentinel_username
+    if parsed.sentinel_ssl:
+        sentinel_kwargs.update(parsed.ssl_kwargs())
+    if sentinel_kwargs:
+        options["sentinel_kwargs"] = sentinel_kwargs
+    # kombu: Connection(ssl={ssl_* options}) picks SentinelManagedSSLConnection for the primary
+    use_ssl = {"ssl_cert_reqs": "required", **parsed.ssl_options} if parsed.ssl else None
+    return CeleryBroker(broker, options, use_ssl)
 
 
 def describe(url: str) -> str:

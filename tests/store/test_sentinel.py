@@ -17,7 +17,7 @@ import redis
 from tests.support.servers import start_gateway, stop
 from tests.support.pipeline import TINY_AGENT, agent_task, make_pipeline
 from polar_mq import states
-from polar_mq.store.redis_url import RedisURLError, celery_broker, client, parse_sentinel, uses_sentinel
+from polar_mq.store.redis_url import CeleryBroker, RedisURLError, celery_broker, client, parse_sentinel, uses_sentinel
 from polar_mq.store.core import connect
 from tests.support.sentinel import MASTER, start_sentinel_cluster
 
@@ -35,9 +35,79 @@ def test_sentinel_url_parts():
                 "redis+sentinel://h1:1/m/zero"):
         with pytest.raises(RedisURLError):
             parse_sentinel(bad)
-    broker, options = celery_broker("redis+sentinel://:pw@h1:1,h2:2/m/3")
-    assert broker == "sentinel://:pw@h1:1/3;sentinel://:pw@h2:2/3" and options == {"master_name": "m"}
-    assert celery_broker("redis://h:1/0") == ("redis://h:1/0", {})
+    b = celery_broker("redis+sentinel://:pw@h1:1,h2:2/m/3")
+    assert b.url == "sentinel://:pw@h1:1/3;sentinel://:pw@h2:2/3" and b.transport_options == {"master_name": "m"}
+    assert b.use_ssl is None
+    assert celery_broker("redis://h:1/0") == CeleryBroker("redis://h:1/0")
+
+
+def test_sentinel_url_tls_options():
+    """TLS comes from the query (any ssl_* option implies it; the Sentinels follow unless
+    sentinel_ssl=false); an option this module does not know is an error, never dropped."""
+    p = parse_sentinel("redis+sentinel://h1/m/0?ssl_ca_certs=/ca.crt&ssl_check_hostname=false")
+    assert p.ssl and p.sentinel_ssl
+    assert p.ssl_options == {"ssl_ca_certs": "/ca.crt", "ssl_check_hostname": False}
+    p = parse_sentinel("redis+sentinel://h1/m/0?ssl=true&sentinel_ssl=false")
+    assert p.ssl and not p.sentinel_ssl and p.ssl_options == {}
+    assert not parse_sentinel("redis+sentinel://h1/m/0").ssl
+    for bad in ("redis+sentinel://h1/m/0?ssl=maybe", "redis+sentinel://h1/m/0?ssl=false&ssl_ca_certs=/x",
+                "redis+sentinel://h1/m/0?sslcacerts=/x", "redis+sentinel://h1/m/0?socket_timeout=1"):
+        with pytest.raises(RedisURLError):
+            parse_sentinel(bad)
+    b = celery_broker("redis+sentinel://h1:1/m/0?ssl_ca_certs=/ca.crt&sentinel_password=sp")
+    assert b.use_ssl == {"ssl_cert_reqs": "required", "ssl_ca_certs": "/ca.crt"}
+    assert b.transport_options["sentinel_kwargs"] == {"password": "sp", "ssl": True, "ssl_ca_certs": "/ca.crt"}
+
+
+def test_tls_sentinels_and_primary_follow_a_failover(tmp_path, model_server, log_dir):
+    """Data nodes and Sentinels on TLS only (certificates from `polar-mq redis-acl --tls`): the
+    client, a Celery producer and the gateway (its own wire client) work over
+    `redis+sentinel://...?ssl_ca_certs=CA` and follow a failover; the same URL without TLS gets
+    no answer."""
+    import requests
+
+    from tests.support.servers import AUTH
+    from polar_mq.cli.redis_acl import make_tls
+    from polar_mq.settings import PipelineSettings
+    from polar_mq.tasks.app.celery import make_celery
+    from polar_mq.tasks.app.routing import INIT_TASK
+
+    tls = make_tls(tmp_path / "acl", ["127.0.0.1"])
+    cluster = start_sentinel_cluster(tmp_path / "sentinel", replicas=1, tls=tls)
+    gw = None
+    chat = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi polar:notool"}]}
+    try:
+        r = client(cluster.url, socket_timeout=2)
+        gw = start_gateway(log_dir, cluster.url, [model_server], name="gw-sentinel-tls")
+        sess = requests.post(f"{gw.url}/sessions", json={}, headers=AUTH, timeout=30).json()
+        assert requests.post(f"{sess['base_urls']['openai']}/chat/completions", json=chat, timeout=30).ok
+        assert r.set("pmq:before", "1")
+        make_celery(PipelineSettings(redis_url=cluster.url)).send_task(INIT_TASK, args=["tls-probe"], queue="init")
+        assert r.llen("init") == 1
+        with pytest.raises(redis.ConnectionError):
+            client(cluster.url.split("?")[0], socket_timeout=1, socket_connect_timeout=1).ping()
+        old = cluster.kill_primary()
+        deadline = time.time() + 30
+        while True:
+            try:
+                assert r.set("pmq:after", "1") and r.get("pmq:before") == b"1"
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+                assert time.time() < deadline, "the TLS client did not follow the failover"
+                time.sleep(0.2)
+        assert cluster.primary_port() != old.port
+        make_celery(PipelineSettings(redis_url=cluster.url)).send_task(INIT_TASK, args=["tls-probe-2"], queue="init")
+        assert r.llen("init") == 2
+        for _ in range(100):  # the gateway's pooled connections met the dead primary: re-resolved
+            if requests.post(f"{sess['base_urls']['openai']}/chat/completions", json=chat, timeout=30).ok:
+                break
+            time.sleep(0.2)
+        calls = requests.get(f"{gw.url}/sessions/{sess['session_id']}/calls", headers=AUTH, timeout=10).json()
+        assert len(calls["calls"]) == 2
+    finally:
+        if gw is not None:
+            stop(gw.proc)
+        cluster.stop()
 
 
 def _run_failover(gateway_upstream: str, log_dir: Path, tmp_path: Path, sessions: int) -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -23,12 +22,18 @@ class Node:
     port: int
     proc: subprocess.Popen
     auth: tuple[str, str] | None = None  # (user, password) on a data node with ACL users
+    tls: Path | None = None  # the `polar-mq redis-acl --tls` directory when the node speaks TLS only
 
     @property
     def client(self) -> redis.Redis:
-        user, password = self.auth or (None, None)
-        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1, username=user,
-                           password=password)
+        return _client(self.port, self.auth, self.tls, timeout=2)
+
+
+def _client(port: int, auth: tuple[str, str] | None, tls: Path | None, timeout: float) -> redis.Redis:
+    user, password = auth or (None, None)
+    ssl = {"ssl": True, "ssl_ca_certs": str(tls / "ca.crt")} if tls else {}
+    return redis.Redis(port=port, socket_timeout=timeout, socket_connect_timeout=timeout, username=user,
+                       password=password, **ssl)
 
 
 @dataclass
@@ -36,11 +41,13 @@ class SentinelCluster:
     base: Path
     nodes: list[Node] = field(default_factory=list)
     sentinels: list[Node] = field(default_factory=list)
+    tls: Path | None = None
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{MASTER}/0"
+        query = f"?ssl_ca_certs={self.tls / 'ca.crt'}" if self.tls else ""
+        return f"redis+sentinel://{hosts}/{MASTER}/0{query}"
 
     def primary_port(self) -> int:
         for s in self.sentinels:
@@ -89,27 +96,36 @@ class SentinelCluster:
 
 
 def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
-                           down_after_ms: int = 1000, acl: dict[str, str] | None = None) -> SentinelCluster:
+                           down_after_ms: int = 1000, acl: dict[str, str] | None = None,
+                           tls: Path | None = None) -> SentinelCluster:
     """`acl`: {"file": users.acl, "replica": its password, "sentinel": its password, "admin": its
     password} from `polar-mq redis-acl --sentinel`: every data node loads the file and replicates
-    as `replica`, the Sentinels watch as `sentinel` (docs/deployment.md, "Redis ACL users")."""
+    as `replica`, the Sentinels watch as `sentinel` (docs/deployment.md, "Redis ACL users").
+    `tls`: the directory `polar-mq redis-acl --tls` wrote (ca.crt, server.crt, server.key): data
+    nodes and Sentinels listen on TLS only, and replicate and monitor over TLS."""
     base.mkdir(parents=True, exist_ok=True)
     node_auth = ("admin", acl["admin"]) if acl else None
     redis_bin, sentinel_bin = shutil.which("redis-server"), shutil.which("redis-sentinel")
     assert redis_bin and sentinel_bin, "redis-server and redis-sentinel must be installed (apt: redis-sentinel)"
-    cluster = SentinelCluster(base)
+    cluster = SentinelCluster(base, tls=tls)
+    tls_conf = (f"tls-cert-file {tls / 'server.crt'}\ntls-key-file {tls / 'server.key'}\n"
+                f"tls-ca-cert-file {tls / 'ca.crt'}\ntls-auth-clients no\ntls-replication yes\n") if tls else ""
     try:
         primary_port = 0
         for i in range(1 + replicas):
             port = free_port()
             d = base / f"redis-{port}"
             d.mkdir()
-            args = [redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            args = [redis_bin, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                     "--dir", str(d), "--protected-mode", "no", "--repl-diskless-sync", "yes",
                     "--repl-diskless-sync-delay", "0"]
+            args += ["--port", "0", "--tls-port", str(port)] if tls else ["--port", str(port)]
+            conf_text = tls_conf
             if acl:  # every node: after a failover the old primary replicates too
-                conf = d / "acl.conf"
-                conf.write_text(f'aclfile "{acl["file"]}"\nmasteruser replica\nmasterauth "{acl["replica"]}"\n')
+                conf_text += f'aclfile "{acl["file"]}"\nmasteruser replica\nmasterauth "{acl["replica"]}"\n'
+            if conf_text:
+                conf = d / "node.conf"
+                conf.write_text(conf_text)
                 args.insert(1, str(conf))
             if i:
                 args += ["--replicaof", "127.0.0.1", str(primary_port)]
@@ -117,12 +133,13 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
                 primary_port = port
             proc = subprocess.Popen(args, stdout=open(d / "log", "wb"), stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            cluster.nodes.append(Node(port, proc, node_auth))
-            _wait_ping(port, auth=node_auth)
+            cluster.nodes.append(Node(port, proc, node_auth, tls))
+            _wait_ping(port, auth=node_auth, tls=tls)
         for _ in range(sentinels):
             port = free_port()
             conf = base / f"sentinel-{port}.conf"
-            conf.write_text(f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {base}\n"
+            listen = f"port 0\ntls-port {port}\n{tls_conf}" if tls else f"port {port}\n"
+            conf.write_text(f"{listen}bind 127.0.0.1\nprotected-mode no\ndir {base}\n"
                             f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
                             f"sentinel down-after-milliseconds {MASTER} {down_after_ms}\n"
                             f"sentinel failover-timeout {MASTER} 10000\n"
@@ -131,8 +148,8 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
                              if acl else ""))
             proc = subprocess.Popen([sentinel_bin, str(conf)], stdout=open(base / f"sentinel-{port}.log", "wb"),
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            cluster.sentinels.append(Node(port, proc))
-            _wait_ping(port)
+            cluster.sentinels.append(Node(port, proc, tls=tls))
+            _wait_ping(port, tls=tls)
         cluster.wait_ready(replicas)
     except BaseException:
         cluster.stop()
@@ -140,13 +157,12 @@ def start_sentinel_cluster(base: Path, replicas: int = 2, sentinels: int = 3,
     return cluster
 
 
-def _wait_ping(port: int, timeout: float = 10.0, auth: tuple[str, str] | None = None) -> None:
-    user, password = auth or (None, None)
+def _wait_ping(port: int, timeout: float = 10.0, auth: tuple[str, str] | None = None,
+               tls: Path | None = None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            if redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, username=user,
-                           password=password).ping():
+            if _client(port, auth, tls, timeout=0.5).ping():
                 return
         except redis.RedisError:
             time.sleep(0.05)

@@ -16,8 +16,10 @@ def make_celery(settings: PipelineSettings | None = None) -> Celery:
     settings = settings or PipelineSettings.from_env()
     from polar_mq.store.redis_url import celery_broker, is_sentinel
 
-    broker_url, sentinel_options = celery_broker(settings.redis_url)
-    app = Celery("polar_mq", broker=broker_url, backend=None)
+    broker = celery_broker(settings.redis_url)
+    app = Celery("polar_mq", broker=broker.url, backend=None)
+    if broker.use_ssl is not None:
+        app.conf.broker_use_ssl = broker.use_ssl
     if settings.redis_url.startswith(("redis://", "rediss://", "unix://")):
         from polar_mq.tasks.app.broker import TRANSPORT
 
@@ -48,7 +50,7 @@ def make_celery(settings: PipelineSettings | None = None) -> Celery:
             "visibility_timeout": settings.visibility_timeout,
             # kombu scans unacked messages rarely by default (~100 s); leases do the fast path.
             "unacked_restore_interval": 5,
-            **sentinel_options,  # master_name (redis_url.celery_broker)
+            **broker.transport_options,  # master_name, sentinel_kwargs (redis_url.celery_broker)
         },
     )
     app.conf.polar_settings = settings
