@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from polar_mq.model import RuntimeHandle
 from polar_mq.taskspec import RuntimeSpec
-from polar_mq.runtimes.base import ExecResult, OnStart
+from polar_mq.runtimes.base import ExecResult, OnStart, copy_path
 from polar_mq.runtimes.local import base_env, kill_group, supervise
 from polar_mq.runtimes.orphans import owner_env
 
@@ -134,19 +134,10 @@ class ApptainerRuntime:
         return result
 
     def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None:
-        target = self._host_path(handle, dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if Path(src).is_dir():
-            shutil.copytree(src, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, target)
+        copy_path(Path(src), self._host_path(handle, dst), make_parent=True)
 
     def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None:
-        source = self._host_path(handle, src)
-        if source.is_dir():
-            shutil.copytree(source, dst, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, dst)
+        copy_path(self._host_path(handle, src), Path(dst))
 
     def _host_path(self, handle: RuntimeHandle, path: str) -> Path:
         """Files move through the bound session dir; paths elsewhere in the instance are reached

@@ -7,6 +7,7 @@ for shared backends) can execute in it, and a takeover after a worker died can r
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -52,6 +53,17 @@ class Runtime(Protocol):
 
     def stop(self, handle: RuntimeHandle) -> None:
         """Tear down; idempotent."""
+
+
+def copy_path(src: Path, dst: Path, *, make_parent: bool = False) -> None:
+    """A file, or a directory tree merged into `dst`: what upload and download do for runtimes
+    whose session files are host paths (local, bwrap, apptainer)."""
+    if make_parent:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
 
 
 def _tail_bytes(path: Path, limit: int) -> bytes:

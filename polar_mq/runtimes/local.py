@@ -25,7 +25,7 @@ from typing import Any, Callable
 from polar_mq.runtimes.logcap import RotatingLog, pump
 from polar_mq.model import RuntimeHandle
 from polar_mq.taskspec import RuntimeSpec
-from polar_mq.runtimes.base import ExecResult, OnStart, tail
+from polar_mq.runtimes.base import ExecResult, OnStart, copy_path, tail
 from polar_mq.runtimes.orphans import owner_env
 
 _PR_SET_PDEATHSIG = 1
@@ -269,19 +269,10 @@ class LocalRuntime:
                          heartbeat=heartbeat)
 
     def upload(self, handle: RuntimeHandle, src: Path, dst: str) -> None:
-        target = Path(handle.workdir) / dst
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if Path(src).is_dir():
-            shutil.copytree(src, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, target)
+        copy_path(Path(src), Path(handle.workdir) / dst, make_parent=True)
 
     def download(self, handle: RuntimeHandle, src: str, dst: Path) -> None:
-        source = Path(handle.workdir) / src
-        if source.is_dir():
-            shutil.copytree(source, dst, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, dst)
+        copy_path(Path(handle.workdir) / src, Path(dst))
 
     def reap(self, handle: RuntimeHandle) -> None:
         if handle.pgid:
