@@ -1,8 +1,9 @@
-"""Session fixtures (a real redis-server, the stand-in model server, the gateway) and the `full`
-marker. The helpers they use live in tests/support/servers.py."""
+"""Session fixtures (a real redis-server, the stand-in model server, the gateway), the `full`
+marker, and skips that must not pass in CI. The helpers they use live in tests/support/servers.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,12 +16,34 @@ from polar_mq.cli.embedded_redis import start_embedded
 from tests.support.servers import FULL, GatewayHandle, start_gateway, start_model_server, stop
 
 
+FULL_SKIP = "more of a suite the default run covers with one case: POLAR_FULL=1 runs it"
+VARIANT = "variant:"  # a skip reason's prefix: the case is for another environment, tested in its twin
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With POLAR_REQUIRE_ALL=1 (.ci/run sets it: it installs every prerequisite) a skip is a
+    failure, except `full` cases and environment variants: a suite that skipped there would hide
+    a broken install. On a developer's machine a missing prerequisite skips with its reason
+    (README, "Two commands"). tests/cli/test_require_all.py guards it."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.skipped or os.environ.get("POLAR_REQUIRE_ALL") != "1" or hasattr(rep, "wasxfail"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if reason == FULL_SKIP or reason.startswith(VARIANT):
+        return
+    rep.outcome = "failed"
+    rep.longrepr = f"skipped where every prerequisite must be present (POLAR_REQUIRE_ALL=1): {reason}"
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.full` cases run only with POLAR_FULL=1 or when `-m` names `full`: each such
     suite keeps at least one real end-to-end case in the default run (README, "Tests")."""
     if FULL or "full" in (config.getoption("markexpr") or ""):
         return
-    skip = pytest.mark.skip(reason="more of a suite the default run covers with one case: POLAR_FULL=1 runs it")
+    skip = pytest.mark.skip(reason=FULL_SKIP)
     for item in items:
         if item.get_closest_marker("full") is not None:
             item.add_marker(skip)

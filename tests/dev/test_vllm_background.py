@@ -23,7 +23,7 @@ def _autogroup(pid: int | str) -> str | None:
 
 
 @pytest.mark.skipif(_autogroup("self") is None, reason="this kernel has no autogroups")
-@pytest.mark.skipif(not vllm_cpu._can_raise_priority(), reason="unprivileged: `lowered` leaves the server as it is "
+@pytest.mark.skipif(not vllm_cpu._can_raise_priority(), reason="variant: unprivileged, `lowered` leaves the server as it is "
                     "(tested below), since it could not put its priority back")
 def test_lowered_sets_the_servers_autogroup_and_puts_it_back():
     mine = _autogroup("self")
@@ -48,7 +48,7 @@ def test_lowered_without_the_process_changes_nothing():
         assert done is False
 
 
-@pytest.mark.skipif(vllm_cpu._can_raise_priority(), reason="privileged: tested above")
+@pytest.mark.skipif(vllm_cpu._can_raise_priority(), reason="variant: privileged, tested above")
 def test_unprivileged_lowered_leaves_the_server_as_it_is():
     server = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:

@@ -135,13 +135,13 @@ def start_engine() -> tuple[Engine | None, str]:
 
 
 def running_engine():
-    """A module fixture's body: a started engine, stopped after. No engine is a failure, not a
-    skip (docker.io is a CI dependency, .ci/run)."""
+    """A module fixture's body: a started engine, stopped after. No engine skips with the reason
+    (a failure in CI, where .ci/run installs docker.io: tests/conftest.py, POLAR_REQUIRE_ALL)."""
     import pytest
 
     eng, why = start_engine()
     if eng is None:
-        pytest.fail(f"no Docker engine: {why}")
+        pytest.skip(f"no Docker engine: {why}")
     try:
         yield eng
     finally:
