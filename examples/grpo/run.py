@@ -27,7 +27,7 @@ step, B: mean of the last two steps).
 
 Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
 ``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
-trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
+trainer: ``CODEX_TRAINER``, the LM head with plain SGD; docs/rl.md, "Through the real Codex CLI"; guarded by
 tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
 with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
 weight sync (``trl_loop.py``; shell only).
