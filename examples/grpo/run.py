@@ -63,7 +63,8 @@ def log(msg: str) -> None:
 # ~25 tool-call tokens and the advantages sum to zero, so their rows' gradients nearly cancel; AdamW
 # scaled that residual to a full lr-sized step per row (8 epochs: nats of logit at every position, and
 # the tool call's JSON broke in ~1 run of 4), SGD moves a row in proportion to its gradient, so the
-# format stays and the choice token, whose gradient does not cancel, learns. Guarded by
+# format stays and the choice token, whose gradient does not cancel, learns (lr 3.0: the loss is a
+# mean over the step's ~1k trained tokens, so one choice token's gradient is ~1e-3). Guarded by
 # tests/rl/test_trainer_head.py and tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps.
 CODEX_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 3.0, "epochs": 8}
 HARNESSES = ("codex", "claude_code", "shell")

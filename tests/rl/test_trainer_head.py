@@ -30,7 +30,7 @@ PROMPT = [1, 2, 3, 4, 5]
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A tiny Qwen2 as wide as the codex base (64), its LM head untied, whose head is taught the
-    format (F and G at p > 0.99, as the codex base's tool-call tokens) but not the choice."""
+    format (F and G at p > FORMAT_P, as the codex base's tool-call tokens) but not the choice."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
