@@ -27,7 +27,7 @@ step, B: mean of the last two steps).
 
 Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
 ``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
-trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
+trainer: ``CODEX_TRAINER``, the LM head with plain SGD; docs/rl.md, "Through the real Codex CLI"; guarded by
 tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
 with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
 weight sync (``trl_loop.py``; shell only).
@@ -58,6 +58,15 @@ def log(msg: str) -> None:
     print(f"[rl-demo] {msg}", file=sys.stderr, flush=True)
 
 
+# The codex policy's trainer (docs/rl.md, "Through the real Codex CLI"): the LM head only (the whole
+# model broke the tool-call format in one step), plain SGD. Every sample of a group carries the same
+# ~25 tool-call tokens and the advantages sum to zero, so their rows' gradients nearly cancel; AdamW
+# scaled that residual to a full lr-sized step per row (8 epochs: nats of logit at every position, and
+# the tool call's JSON broke in ~1 run of 4), SGD moves a row in proportion to its gradient, so the
+# format stays and the choice token, whose gradient does not cancel, learns (lr 3.0: the loss is a
+# mean over the step's ~1k trained tokens, so one choice token's gradient is ~1e-3). Guarded by
+# tests/rl/test_trainer_head.py and tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps.
+CODEX_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 3.0, "epochs": 8}
 HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
@@ -194,16 +203,17 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
-    # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): the codex policy trains its
-    # LM head only (the whole model broke the tool-call format in one step), at 1e-2 x 8 epochs
+    # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): CODEX_TRAINER for codex
     if args.trainable is None:
-        args.trainable = "lm_head" if codex else "all"
+        args.trainable = CODEX_TRAINER["trainable"] if codex else "all"
+    if args.optimizer is None:
+        args.optimizer = CODEX_TRAINER["optimizer"] if codex else "adamw"
     if args.lr is None:
-        args.lr = 1e-2 if codex else 2e-3
+        args.lr = CODEX_TRAINER["lr"] if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
-        args.epochs = 8 if codex else 4
+        args.epochs = CODEX_TRAINER["epochs"] if codex else 4
     args.lr_by_groups = args.lr_by_groups or codex
     if args.adam_eps is None:
         args.adam_eps = 1e-8
@@ -302,9 +312,10 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex)")
+    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell, AdamW), 3.0 (codex, SGD)")
     ap.add_argument("--clip", type=float, default=0.2)
-    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default=None,
+                    help="default adamw (shell), sgd (codex: CODEX_TRAINER; docs/rl.md)")
     ap.add_argument("--kl-coef", type=float, default=None,
                     help="GRPO's KL term to the starting policy (k3); default 0")
     ap.add_argument("--minibatches", type=int, default=1)
