@@ -92,6 +92,9 @@ def template(timeout: int = 180, builder: str = "prefix_merging", harness: str =
     }
 
 
+from examples.grpo.report import sample_sessions  # noqa: E402
+
+
 def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll: float, t_train: float,
                  t_save: float, wall: float) -> dict:
     sessions = [s for g in groups for s in g.sessions]
@@ -116,6 +119,7 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
         "rollout_s": round(t_roll, 2), "train_s": round(t_train, 2), "save_s": round(t_save, 3),
         "sync_s": round(timing.pause_s + timing.load_s + timing.resume_s, 3),
         "sync_downtime_s": round(timing.downtime_s, 3), "wall_s": round(wall, 2),
+        "viewer_sessions": sample_sessions(groups),  # metrics.md's viewer links (report.viewer_links)
     }
 
 
@@ -187,7 +191,7 @@ def run(args: argparse.Namespace) -> dict:
     from polar_mq.cli.up import launch
 
     from examples.grpo.base_model import build as build_base
-    from examples.grpo.report import write_report
+    from examples.grpo.report import reopen_command, write_report
 
     codex = args.harness == "codex"
     if codex and (args.turns != 1 or args.trainer != "polar"):
@@ -258,8 +262,11 @@ def run(args: argparse.Namespace) -> dict:
     rows_out: list[dict] = []
     try:
         os.environ["POLAR_LOG_DIR"] = str(out / "logs")
+        # the embedded Redis keeps its data in OUT/home/redis, so the viewer links in metrics.md open
+        # again after the run (report.reopen_command: `polar-mq up` on the same POLAR_HOME)
         stack = launch(api_port=free_port(), gateway_port=free_port(), upstreams=[server.url], flower=False,
-                       concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
+                       concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env,
+                       data_dir=out / "home" / "redis")
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
         tmpl = template(builder=args.builder, harness=args.harness,
@@ -277,7 +284,8 @@ def run(args: argparse.Namespace) -> dict:
             rows_out = polar_loop(args, client, server, out, wdir, tmpl, rows_for_step)
         summary = write_report(out, rows_out, seed=args.seed, harness=args.harness, trainer=args.trainer,
                                builder=args.builder, turns=args.turns, total_s=time.time() - t_run,
-                               vllm_start_s=t_start, vllm_weight_version=server.weight_version())
+                               vllm_start_s=t_start, vllm_weight_version=server.weight_version(),
+                               api_url=stack.api_url, reopen=reopen_command(out, stack.api_url))
         return summary
     finally:
         if stack is not None:

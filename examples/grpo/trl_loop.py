@@ -43,6 +43,7 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
+    from examples.grpo.report import sample_sessions
     from examples.grpo.vllm_policy import sync
     from polar_mq.rl.trainers.trl import PolarRollout
     from polar_mq.rl.trainers.trl import polar_reward
@@ -85,6 +86,7 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
             "staleness_max": max((state["version"] - g["policy_version"] for g in groups
                                   if isinstance(g.get("policy_version"), int)), default=None),
             "ratio_max": None, "rollout_s": round(time.time() - t0, 2),
+            "viewer_sessions": sample_sessions(groups),
         }
         state["t_train"] = time.time()
         return result

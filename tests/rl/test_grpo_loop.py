@@ -192,3 +192,42 @@ def test_trl_rollout_refuses_part_of_a_session():
     assert out["prompt_ids"][-1] == [1] * 5 and main.dropped_traces == 1
     with pytest.raises(ValueError):
         PolarRollout(client=None, template={}, multi_trace="first")
+
+
+def test_viewer_links_pick_a_success_and_a_failure(tmp_path):
+    """metrics.md names one successful (reward 1) and one failed (reward 0) sample's viewer page,
+    each from the last step that has one; ERROR sessions (no reward) are never picked, and a
+    kind no step had is said to be missing rather than linked wrongly."""
+    from examples.grpo.report import sample_sessions, viewer_links, write_report
+    from polar_mq.model import Group
+
+    def group(task: str, graded: list[tuple[str, float | None, str]]) -> dict:
+        return {"task_id": task, "trajectories": [{"session_id": sid, "task_id": task, "reward": r, "status": st}
+                                                  for sid, r, st in graded]}
+
+    step0 = [group("t0", [("s-b", 0.0, "COMPLETED"), ("s-a", 1.0, "COMPLETED")])]
+    step1 = [group("t1", [("s-z", None, "ERROR"), ("s-y", 1.0, "COMPLETED"), ("s-x", 1.0, "COMPLETED")]),
+             group("t2", [("s-w", 0.0, "ERROR"), ("s-v", 1.0, "COMPLETED")])]
+    # the groups API's dicts (TRL's rollout) and the client's Group objects (the polar loop) alike
+    assert sample_sessions(step1) == {"success": "s-v", "failure": None}
+    assert sample_sessions([Group.from_dict(g) for g in step1]) == {"success": "s-v", "failure": None}
+    assert sample_sessions(step0) == {"success": "s-a", "failure": "s-b"}
+
+    rows = [{"step": k, "policy_version": k, "mean_reward": m, "pass_rate": m, "tokens_trained": 4, "rollout_s": 1.0,
+             "train_s": 0.1, "sync_s": 0.1, "sync_downtime_s": 0.05, "wall_s": 1.2, "viewer_sessions": v}
+            for k, (m, v) in enumerate([(0.5, sample_sessions(step0)), (0.75, sample_sessions(step1))])]
+    links = viewer_links(rows, "http://127.0.0.1:8123/")
+    assert links["success"] == {"session_id": "s-v", "step": 1, "policy_version": 1, "reward": 1.0,
+                                "url": "http://127.0.0.1:8123/ui/sessions/s-v"}
+    assert links["failure"]["session_id"] == "s-b" and links["failure"]["step"] == 0
+    assert viewer_links(rows[1:], None)["failure"] is None
+
+    write_report(tmp_path, rows, seed=0, api_url="http://127.0.0.1:8123", reopen="serve it again: polar-mq up")
+    md = (tmp_path / "metrics.md").read_text()
+    assert "successful sample (reward 1), step 1 (policy v1): http://127.0.0.1:8123/ui/sessions/s-v" in md
+    assert "failed sample (reward 0), step 0 (policy v0): http://127.0.0.1:8123/ui/sessions/s-b" in md
+    assert "serve it again" in md and "token=" not in md
+    assert json.loads((tmp_path / "viewer.json").read_text()) == links
+    assert json.loads((tmp_path / "summary.json").read_text())["viewer"] == links
+    write_report(tmp_path, rows[1:], seed=0, api_url="http://127.0.0.1:8123")
+    assert "failed sample (reward 0): none in this run" in (tmp_path / "metrics.md").read_text()
