@@ -30,7 +30,7 @@ Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodifie
 trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
 tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
 with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
-weight sync (``trl_loop.py``; shell only).
+weight sync (``trl_loop.py``; shell and codex: with codex the LM head only, as the polar trainer).
 """
 
 from __future__ import annotations
@@ -194,8 +194,8 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.report import reopen_command, write_report
 
     codex = args.harness == "codex"
-    if codex and (args.turns != 1 or args.trainer != "polar"):
-        raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+    if codex and args.turns != 1:
+        raise SystemExit("harness codex: the one-instruction task only (docs/rl.md)")
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
     # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): the codex policy trains its
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
-    if args.trainer == "trl" and args.builder == "per_request" and args.turns > 1:
+    if args.trainer == "trl" and args.builder == "per_request" and (args.turns > 1 or codex):  # Codex: 2 calls
         raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
                          "several traces (polar_mq/rl/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)

@@ -9,7 +9,11 @@ same rollouts (polar_mq sessions through the groups API) and the same weight syn
   vLLM in place (``vllm_policy.sync``: pause, reload, resume with ``policy_version`` = TRL's global
   step), so the next batch is sampled by the updated weights (tests/vllm/test_grpo_vllm.py::
   test_trl_steps_reach_vllm checks the served logprobs change);
-* one step = one generation batch (``prompts`` x ``group_size`` completions), one optimiser step.
+* one step = one generation batch (``prompts`` x ``group_size`` completions) and ``--epochs`` clipped
+  optimiser passes over it (TRL's ``num_iterations``), then one sync;
+* ``--harness codex``: each session is the real Codex CLI's two calls merged into one trace
+  (TITO + prefix_merging), so TRL's completion is the tool call, Codex's tool output (``env_mask``
+  0) and the final text; with ``--trainable lm_head`` (codex's default) only the LM head is trained.
 
 Returns the per-step rows ``report.write_report`` takes (the same columns as the polar trainer's,
 TRL's own loss/clip figures where it has them).
@@ -55,6 +59,12 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     if tok.pad_token is None:
         tok.pad_token = "<|endoftext|>"
     model = AutoModelForCausalLM.from_pretrained(str(wdir), dtype=torch.float32)
+    if getattr(args, "trainable", "all") == "lm_head":
+        # the codex policy's setting (run.py's codex defaults, as trainer.PolicyTrainer does): only the
+        # output layer moves, the hidden states that read Codex's ~1k-token prompt stay the base's;
+        # the Trainer's optimiser takes the parameters that require grad only
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("lm_head."))
     # the dataset in TRL's order: step k's rows, each repeated by TRL's sampler num_generations times
     rows = [r for step in range(args.steps) for r in rows_for_step(step)]
     target = {r["instruction"]: r["metadata"]["target"] for r in rows}

@@ -93,7 +93,7 @@ def test_summary_lines_are_the_contracts():
 
 
 @pytest.mark.parametrize("argv,reason", [
-    (["--harness", "codex", "--trainer", "trl"], "harness codex"),
+    (["--harness", "codex", "--trainer", "trl", "--builder", "per_request"], "trainer trl"),
     (["--harness", "codex", "--turns", "3"], "harness codex"),
     (["--harness", "claude_code"], "harness claude_code"),
     (["--harness", "shell", "--trainer", "trl", "--builder", "per_request", "--turns", "3"], "trainer trl"),
