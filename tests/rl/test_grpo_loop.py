@@ -231,3 +231,40 @@ def test_viewer_links_pick_a_success_and_a_failure(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["viewer"] == links
     write_report(tmp_path, rows[1:], seed=0, api_url="http://127.0.0.1:8123")
     assert "failed sample (reward 0): none in this run" in (tmp_path / "metrics.md").read_text()
+
+
+def test_trl_trunk_cache_is_exact():
+    """--harness codex --trainer trl trains the LM head only; trl_loop.cache_frozen_trunk runs the
+    frozen trunk once per batch instead of once per pass: the logits and the LM head's gradient
+    are exactly those of the uncached model, a new batch is computed afresh, and a model whose
+    trunk trains is refused."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from examples.grpo.trl_loop import cache_frozen_trunk
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    plain, cached = Qwen2ForCausalLM(cfg), Qwen2ForCausalLM(cfg)
+    cached.load_state_dict(plain.state_dict())
+    for m in (plain, cached):
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("lm_head."))
+    with pytest.raises(ValueError):
+        cache_frozen_trunk(Qwen2ForCausalLM(cfg))
+    stats = cache_frozen_trunk(cached)
+    ids = torch.randint(0, 64, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding, as TRL pads prompts
+    for _ in range(3):  # TRL's passes over one batch
+        for m in (plain, cached):
+            m.zero_grad()
+            out = m(input_ids=ids, attention_mask=mask, logits_to_keep=4)
+            out.logits.log_softmax(-1)[..., 5].sum().backward()
+        assert torch.equal(plain(input_ids=ids, attention_mask=mask).logits, cached(input_ids=ids, attention_mask=mask).logits)
+        assert torch.equal(plain.lm_head.weight.grad, cached.lm_head.weight.grad)
+    assert stats == {"computed": 1, "reused": 5}
+    other = torch.randint(0, 64, (3, 10))
+    assert torch.equal(plain(input_ids=other).logits, cached(input_ids=other).logits)
+    assert stats["computed"] == 2
