@@ -46,9 +46,12 @@ def cache_frozen_trunk(model: Any, keep: int = 4) -> dict:
     them once per distinct ``(input_ids, attention_mask)`` and reuse them (the ``keep`` latest),
     so a Codex batch (32 x ~1.05k tokens) runs the trunk once instead of 9 times. Exact: no trunk
     parameter requires grad, so the cached tensors carry no graph, and the trunk is deterministic
-    (no dropout). Returns the counters ``{"computed", "reused"}``. Guarded by
+    (no dropout); the trunk runs without a graph (a cached graph would be backpropagated twice,
+    and TRL's Trainer may make the input embeddings require grad). Returns the counters ``{"computed", "reused"}``. Guarded by
     tests/rl/test_grpo_loop.py::test_trl_trunk_cache_is_exact."""
     import hashlib
+
+    import torch
 
     trunk = model.model
     if any(p.requires_grad for p in trunk.parameters()):
@@ -68,7 +71,8 @@ def cache_frozen_trunk(model: Any, keep: int = 4) -> dict:
         if key in cache:
             stats["reused"] += 1
             return cache[key]
-        out = forward(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        with torch.no_grad():  # nothing below the LM head trains: the hidden states need no graph
+            out = forward(input_ids=input_ids, attention_mask=attention_mask, **kw)
         stats["computed"] += 1
         cache[key] = out
         while len(cache) > keep:

@@ -253,6 +253,12 @@ def test_trl_trunk_cache_is_exact():
             p.requires_grad_(name.startswith("lm_head."))
     with pytest.raises(ValueError):
         cache_frozen_trunk(Qwen2ForCausalLM(cfg))
+    # as TRL's GRPOConfig sets it up (gradient_checkpointing defaults to True): the input embeddings
+    # require grad, so an uncached trunk builds a graph a reused output would backpropagate twice
+    for m in (plain, cached):
+        m.train()
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        m.enable_input_require_grads()
     stats = cache_frozen_trunk(cached)
     ids = torch.randint(0, 64, (3, 10))
     mask = torch.ones_like(ids)
