@@ -40,6 +40,21 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(s, dst / name)
 
 
+def score_completions_only() -> bool:
+    """TRL's fused LM head scores every position of prompt + completion on devices without Triton
+    (CPU) and masks the prompt's afterwards (``trl.trainer.utils``: the fixed tile shapes matter for
+    compilation on Neuron, not here); with Codex's ~1k-token prompt and ~40-token completions that
+    is ~25x the work. Its compact path (gather the completion positions, score them, scatter back
+    into zeros) gives the same log-probs and gradients; use it on CPU too. False when this TRL has
+    no such switch (nothing changed)."""
+    import trl.trainer.utils as trl_utils
+
+    if not callable(getattr(trl_utils, "_use_triton", None)):
+        return False
+    trl_utils._use_triton = lambda device: True  # only the compact-or-not choice in the fused forward
+    return True
+
+
 def cache_frozen_trunk(model: Any, keep: int = 4) -> dict:
     """With only the LM head trainable, the trunk's hidden states of a batch are the same on every
     pass TRL makes over it (its old-logprob pass and ``num_iterations`` training passes): compute
@@ -97,6 +112,7 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     from polar_mq.rl.trainers.trl import sync_callback
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    score_completions_only()
     torch.manual_seed(args.seed)
     tok = PreTrainedTokenizerFast.from_pretrained(str(wdir / "tokenizer") if (wdir / "tokenizer").is_dir() else str(wdir))
     if tok.pad_token is None:

@@ -274,3 +274,40 @@ def test_trl_trunk_cache_is_exact():
     other = torch.randint(0, 64, (3, 10))
     assert torch.equal(plain(input_ids=other).logits, cached(input_ids=other).logits)
     assert stats["computed"] == 2
+
+
+def test_trl_scores_only_completion_positions_exactly():
+    """trl_loop.score_completions_only: TRL's fused LM head gathers the completion positions on CPU
+    too (instead of scoring the whole ~1k-token Codex prompt and masking it): the same per-token
+    log-probs, entropies and LM-head gradient as scoring every position."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from examples.grpo.trl_loop import score_completions_only
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, 64, (3, 12))
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    labels[:, :-4] = -100  # only the completion is scored, as TRL labels it
+
+    def scored():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        out.log_probs.sum().backward()
+        return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
+
+    original = trl_utils._use_triton
+    try:
+        every = scored()
+        assert score_completions_only()
+        compact = scored()
+    finally:
+        trl_utils._use_triton = original
+    for a, b in zip(every, compact):
+        assert torch.allclose(a, b, atol=1e-6)
