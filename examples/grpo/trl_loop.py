@@ -55,6 +55,18 @@ def score_completions_only() -> bool:
     return True
 
 
+def scale_lr(trainer: Any, base_lr: float, scale: float) -> None:
+    """``--lr-by-groups`` for TRL (the polar trainer's ``lr_scale``, on by default for codex): this
+    batch's passes run at ``base_lr x scale`` x the schedule's factor (``scale``: the fraction of
+    its groups whose rewards differ), so one informative group of four does not move the policy,
+    over ``num_iterations`` AdamW steps, as far as four. Called from the rollout, i.e. before the
+    batch's first optimiser step; the scheduler keeps the scaled base for the batch's later passes."""
+    sched = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
+    sched.base_lrs = [base_lr * scale for _ in sched.base_lrs]
+    for group, factor in zip(trainer.optimizer.param_groups, sched.lr_lambdas):
+        group["lr"] = base_lr * scale * factor(sched.last_epoch)
+
+
 def cache_frozen_trunk(model: Any, keep: int = 4) -> dict:
     """With only the LM head trainable, the trunk's hidden states of a batch are the same on every
     pass TRL makes over it (its old-logprob pass and ``num_iterations`` training passes): compute
@@ -143,6 +155,9 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
         used = [g for g in groups
                 if len({t.get("reward") for t in g["trajectories"] if t.get("reward") is not None}) > 1]
         mask = result["env_mask"]
+        lr_scale = len(used) / max(1, len(groups)) if getattr(args, "lr_by_groups", False) else 1.0
+        if getattr(args, "lr_by_groups", False):
+            scale_lr(trainer, args.lr, lr_scale)
         state["pending"] = {
             "step": len(state["rows"]), "policy_version": state["version"], "groups": len(groups),
             "sessions": len(sessions), "errors": sum(1 for s in sessions if s.get("state") == "ERROR"),
@@ -156,7 +171,7 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
             "staleness_max": max((state["version"] - g["policy_version"] for g in groups
                                   if isinstance(g.get("policy_version"), int)), default=None),
             "ratio_max": None, "rollout_s": round(time.time() - t0, 2),
-            "viewer_sessions": sample_sessions(groups),
+            "viewer_sessions": sample_sessions(groups), "lr_scale": round(lr_scale, 3),
         }
         state["t_train"] = time.time()
         return result

@@ -311,3 +311,29 @@ def test_trl_scores_only_completion_positions_exactly():
         trl_utils._use_triton = original
     for a, b in zip(every, compact):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_trl_lr_by_groups_scales_the_batch_and_keeps_the_schedule():
+    """trl_loop.scale_lr (``--lr-by-groups``, codex's default, for TRL): the batch's first pass and
+    its later passes run at lr x the informative fraction x the linear schedule's factor."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from examples.grpo.trl_loop import scale_lr
+
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w], lr=1e-2)
+    sched = get_linear_schedule_with_warmup(opt, 0, 10)
+    trainer = SimpleNamespace(optimizer=opt, lr_scheduler=SimpleNamespace(scheduler=sched))
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    scale_lr(trainer, 1e-2, 0.25)  # one group of four differs
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.25 * 0.8)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.25 * 0.7)
+    scale_lr(trainer, 1e-2, 1.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.7)
