@@ -202,8 +202,8 @@ def run(args: argparse.Namespace) -> dict:
     # LM head only (the whole model broke the tool-call format in one step), at 1e-2 x 8 epochs
     if args.trainable is None:
         args.trainable = "lm_head" if codex else "all"
-    if args.lr is None:
-        args.lr = 1e-2 if codex else 2e-3
+    if args.lr is None:  # TRL on codex: 1e-2 broke the tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
+        args.lr = (3e-3 if args.trainer == "trl" else 1e-2) if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
@@ -310,7 +310,7 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex)")
+    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex), 3e-3 (codex with --trainer trl)")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     ap.add_argument("--kl-coef", type=float, default=None,

@@ -299,7 +299,7 @@ def test_codex_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, 
 def test_codex_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
     """--harness codex --trainer trl: TRL's GRPOTrainer on real Codex CLI sessions, one trace per
     session (PolarRollout: the tool call, Codex's tool output masked by env_mask, the final text),
-    the LM head only at AdamW 1e-2 x 8 passes (run.py's codex defaults), weights into vLLM after
+    the LM head only at AdamW 3e-3 x 8 passes, lr by groups (run.py's codex + TRL defaults), weights into vLLM after
     every batch; the polar trainer's criterion (``report.learnt``; docs/rl.md, "Codex + TRL")."""
     pytest.importorskip("trl")
     import importlib
