@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.grpo import task  # noqa: E402
+from examples.grpo.report import sample_sessions  # noqa: E402
 from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: E402
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
@@ -90,9 +91,6 @@ def template(timeout: int = 180, builder: str = "prefix_merging", harness: str =
         "builder": {"strategy": builder},
         "grader": {"strategy": "examples.grpo.grader:CursorGrader", "config": {"timeout_seconds": 60}},
     }
-
-
-from examples.grpo.report import sample_sessions  # noqa: E402
 
 
 def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll: float, t_train: float,

@@ -46,7 +46,8 @@ def score_completions_only() -> bool:
     compilation on Neuron, not here); with Codex's ~1k-token prompt and ~40-token completions that
     is ~25x the work. Its compact path (gather the completion positions, score them, scatter back
     into zeros) gives the same log-probs and gradients; use it on CPU too. False when this TRL has
-    no such switch (nothing changed)."""
+    no such switch (nothing changed). Guarded by
+    tests/rl/test_grpo_loop.py::test_trl_scores_only_completion_positions_exactly."""
     import trl.trainer.utils as trl_utils
 
     if not callable(getattr(trl_utils, "_use_triton", None)):
@@ -60,7 +61,8 @@ def scale_lr(trainer: Any, base_lr: float, scale: float) -> None:
     batch's passes run at ``base_lr x scale`` x the schedule's factor (``scale``: the fraction of
     its groups whose rewards differ), so one informative group of four does not move the policy,
     over ``num_iterations`` AdamW steps, as far as four. Called from the rollout, i.e. before the
-    batch's first optimiser step; the scheduler keeps the scaled base for the batch's later passes."""
+    batch's first optimiser step; the scheduler keeps the scaled base for the batch's later passes.
+    Guarded by tests/rl/test_grpo_loop.py::test_trl_lr_by_groups_scales_the_batch_and_keeps_the_schedule."""
     sched = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
     sched.base_lrs = [base_lr * scale for _ in sched.base_lrs]
     for group, factor in zip(trainer.optimizer.param_groups, sched.lr_lambdas):
