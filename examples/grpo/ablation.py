@@ -4,9 +4,12 @@ call) and with ``prefix_merging`` (one trace per linear session), side by side.
     python -m examples.grpo.ablation [--harness H] [--steps N] [--seed S] [--turns K] [--out DIR]
 
 One vLLM serves both runs (each run puts the same base weights back in place first, as
-``run.py --vllm-url`` does). The task is the multi-turn one (``--turns``, default 3: K model calls
-per session, each call's prompt extending the one before), since with one call per session the two
-builders give the same traces. Measured per run, from ``run.py``'s metrics: the sequences the
+``run.py --vllm-url`` does). ``--harness shell``: the multi-turn task (``--turns``, default 3: K
+model calls per session, each call's prompt extending the one before), since with one call per
+session the two builders give the same traces. ``--harness codex``: the one-instruction task
+through the real Codex CLI, whose session is two model calls (the ``exec_command`` tool call, then
+the final text after Codex's tool output): per_request trains on 2 sequences per session, each
+repeating the ~1k-token prompt, prefix_merging on 1 (TITO makes the second call extend the first). Measured per run, from ``run.py``'s metrics: the sequences the
 trainer updated on (the traces of every group whose rewards differ), the tokens its forward passes
 went over (every PPO epoch), trainer seconds per step, step wall time and the mean reward per step.
 
@@ -105,8 +108,11 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.harness in grpo_run.NOT_BUILT:
         raise SystemExit(grpo_run.NOT_BUILT[args.harness])
-    if args.harness != "shell":  # codex: a 1-call task (no per_request vs prefix_merging difference), own vLLM length
-        raise SystemExit(f"ablation: harness {args.harness} is not built for the ablation (shell only; docs/rl.md)")
+    codex = args.harness == "codex"
+    if args.turns is None:
+        args.turns = 1 if codex else 3  # Codex's session is two calls already (tool call, final text)
+    if codex and args.turns != 1:
+        raise SystemExit("ablation: harness codex runs the one-instruction task (--turns 1; docs/rl.md)")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
@@ -119,12 +125,19 @@ def run(args: argparse.Namespace) -> dict:
     if url is None:
         # one vLLM for both runs: started on the base policy, which each run reloads in place first
         probe = grpo_run.parser().parse_args(common)
-        base_dir = Path(probe.base) if probe.turns == 1 else Path(f"{probe.base}-turns{probe.turns}")
-        target_p = probe.target_p if probe.target_p is not None else (0.3 if probe.turns == 1 else 0.6)
-        base = build_base(base_dir, seed=args.seed, log=grpo_run.log, turns=probe.turns, target_p=target_p)
+        if codex:  # the base run.py builds for codex (cached by its stamp), and Codex's longer window
+            from examples.grpo.codex_base import build as build_codex_base
+
+            base = build_codex_base(Path(f"{probe.base}-codex"), seed=args.seed, log=grpo_run.log,
+                                    target_p=probe.target_p if probe.target_p is not None else 0.3)
+        else:
+            base_dir = Path(probe.base) if probe.turns == 1 else Path(f"{probe.base}-turns{probe.turns}")
+            target_p = probe.target_p if probe.target_p is not None else (0.3 if probe.turns == 1 else 0.6)
+            base = build_base(base_dir, seed=args.seed, log=grpo_run.log, turns=probe.turns, target_p=target_p)
         wdir = out / "vllm-base"
         copy_weights(base, wdir)
-        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads)
+        server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
+                              max_model_len=grpo_run.CODEX_MAX_MODEL_LEN if codex else None)
         grpo_run.log(f"ablation: starting vLLM on {wdir} …")
         grpo_run.log(f"ablation: vLLM ready in {server.start():.0f}s at {server.url}")
         url = server.url
@@ -141,7 +154,9 @@ def run(args: argparse.Namespace) -> dict:
             server.stop()
     t = {b: totals(rows) for b, rows in runs.items()}
     line = summary_line(t)
-    md = (f"# Builder ablation: harness {args.harness}, {args.turns} model calls per session, "
+    calls = t["prefix_merging"]["calls"] / max(1, t["prefix_merging"]["sessions"])
+    md = (f"# Builder ablation: harness {args.harness}, {args.turns} instruction(s) per session "
+          f"({calls:.2f} model calls per session), "
           f"{args.prompts} prompts x {args.group_size} samples per step, {args.steps} steps, seed {args.seed}\n\n"
           + table(t) + "\n\nsequences / tokens: summed over the run; tokens processed: prompt + response tokens "
           "of every trainer forward pass (all PPO epochs).\n\n" + line + "\n")
@@ -157,10 +172,11 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
     ap.add_argument("--harness", choices=grpo_run.HARNESSES, default="shell",
-                    help="the harness of both runs (the one with a base policy here: shell)")
+                    help="the harness of both runs: shell (the multi-turn task) or codex (the real Codex CLI)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--turns", type=int, default=3, help="model calls per session")
+    ap.add_argument("--turns", type=int, default=None,
+                    help="instructions (model calls) per session: default 3 for shell, 1 for codex")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--out", default=str(cache / "grpo" / "ablation"))

@@ -142,17 +142,86 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _get(obj, key: str):
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def sample_sessions(groups) -> dict:
+    """One step's sessions to look at in the viewer: ``{"success": id, "failure": id}``, the first
+    session id (sorted) graded reward 1 and the first graded 0 (never an ERROR session; ``None``
+    when the step had none). ``groups``: ``polar_mq.model.Group``s or the groups API's dicts.
+    Guarded by tests/rl/test_grpo_loop.py::test_viewer_links_pick_a_success_and_a_failure."""
+    graded = sorted((str(_get(t, "session_id")), float(_get(t, "reward")))
+                    for g in groups for t in (_get(g, "trajectories") or [])
+                    if _get(t, "reward") is not None and _get(t, "status") != "ERROR" and _get(t, "session_id"))
+    return {"success": next((s for s, r in graded if r >= 1.0), None),
+            "failure": next((s for s, r in graded if r == 0.0), None)}
+
+
+def viewer_links(rows: list[dict], api_url: str | None) -> dict:
+    """``{"success": {...}, "failure": {...}}`` (each ``None`` when no step had one): the session
+    from the LAST step that has one (``rows[i]["viewer_sessions"]``, :func:`sample_sessions`),
+    with its step, policy version and viewer page ``<api_url>/ui/sessions/<id>`` (no token in
+    the address: the viewer signs a browser in with ``?token=``, docs/viewer.md)."""
+    picked: dict = {}
+    for kind in ("success", "failure"):
+        picked[kind] = None
+        for row in reversed(rows):
+            sid = (row.get("viewer_sessions") or {}).get(kind)
+            if sid:
+                picked[kind] = {"session_id": sid, "step": row.get("step"), "policy_version": row.get("policy_version"),
+                                "reward": 1.0 if kind == "success" else 0.0,
+                                "url": f"{api_url.rstrip('/')}/ui/sessions/{sid}" if api_url else None}
+                break
+    return picked
+
+
+def reopen_command(out: Path, api_url: str) -> str:
+    """How to serve a finished run's sessions again: ``polar-mq up`` on the run's POLAR_HOME
+    (its Redis data, in ``OUT/home/redis``, and its token) and the API port of the links."""
+    from urllib.parse import urlsplit
+
+    home = Path(out).resolve() / "home"
+    port = urlsplit(api_url).port
+    return (f"The links are served while the run's stack is up. Afterwards: "
+            f"`POLAR_HOME={home} polar-mq up --api-port {port} --no-flower` serves them again (the run's "
+            f"Redis data is in `{home / 'redis'}`), and `?token=$(cat {home / 'token'})` on a link signs "
+            f"a browser in.")
+
+
+def viewer_section(links: dict, reopen: str | None = None) -> str:
+    """metrics.md's viewer section: one successful and one failed sample's viewer page."""
+    lines = ["## Sessions in the viewer", ""]
+    for kind, label in (("success", "successful sample (reward 1)"), ("failure", "failed sample (reward 0)")):
+        x = links.get(kind)
+        if x is None:
+            lines.append(f"- {label}: none in this run")
+        else:
+            lines.append(f"- {label}, step {x['step']} (policy v{x['policy_version']}): {x['url'] or x['session_id']}"
+                         f" (session `{x['session_id']}`)")
+    if reopen:
+        lines += ["", reopen]
+    return "\n".join(lines)
+
+
 def write_report(out: Path, rows: list[dict], *, seed: int, harness: str = "shell", trainer: str = "polar",
-                 builder: str = "prefix_merging", **extra) -> dict:
+                 builder: str = "prefix_merging", api_url: str | None = None, reopen: str | None = None,
+                 **extra) -> dict:
     first, last, line = summary_line(rows, seed, harness=harness, trainer=trainer, builder=builder)
     md = table(rows)
+    links = viewer_links(rows, api_url)
     n = len(rows)
     avg = {k: round(sum(r[k] for r in rows) / n, 3) for k in ("rollout_s", "train_s", "sync_s", "sync_downtime_s", "wall_s")}
     summary = {"line": line, "first": first, "last": last, "steps": n, "seed": seed, "harness": harness,
-               "trainer": trainer, "builder": builder, "per_step_mean": avg, **extra}
-    (out / "metrics.md").write_text(md + "\n\n" + json.dumps(summary, indent=2) + "\n")
+               "trainer": trainer, "builder": builder, "per_step_mean": avg, "viewer": links, **extra}
+    (out / "metrics.md").write_text(md + "\n\n" + viewer_section(links, reopen) + "\n\n"
+                                    + json.dumps(summary, indent=2) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "viewer.json").write_text(json.dumps(links, indent=2))
     plot(rows, out / "reward.png", line.replace("rl-demo: ", ""))
     print(md, flush=True)
+    for kind in ("success", "failure"):
+        if links[kind] is not None:
+            print(f"viewer, {kind}: {links[kind]['url'] or links[kind]['session_id']}", flush=True)
     print(f"per step (mean): {avg}; files: {out / 'metrics.md'}, {out / 'reward.png'}", flush=True)
     return summary

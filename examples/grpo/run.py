@@ -30,7 +30,7 @@ Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodifie
 trainer: ``CODEX_TRAINER``, the LM head with plain SGD; docs/rl.md, "Through the real Codex CLI"; guarded by
 tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
 with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
-weight sync (``trl_loop.py``; shell only).
+weight sync (``trl_loop.py``; shell and codex: with codex the LM head only, as the polar trainer).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.grpo import task  # noqa: E402
+from examples.grpo.report import sample_sessions  # noqa: E402
 from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: E402
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
@@ -125,6 +126,7 @@ def step_metrics(step: int, version: int, groups, batches, stats, timing, t_roll
         "rollout_s": round(t_roll, 2), "train_s": round(t_train, 2), "save_s": round(t_save, 3),
         "sync_s": round(timing.pause_s + timing.load_s + timing.resume_s, 3),
         "sync_downtime_s": round(timing.downtime_s, 3), "wall_s": round(wall, 2),
+        "viewer_sessions": sample_sessions(groups),  # metrics.md's viewer links (report.viewer_links)
     }
 
 
@@ -196,20 +198,20 @@ def run(args: argparse.Namespace) -> dict:
     from polar_mq.cli.up import launch
 
     from examples.grpo.base_model import build as build_base
-    from examples.grpo.report import write_report
+    from examples.grpo.report import reopen_command, write_report
 
     codex = args.harness == "codex"
-    if codex and (args.turns != 1 or args.trainer != "polar"):
-        raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+    if codex and args.turns != 1:
+        raise SystemExit("harness codex: the one-instruction task only (docs/rl.md)")
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
     # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): CODEX_TRAINER for codex
     if args.trainable is None:
         args.trainable = CODEX_TRAINER["trainable"] if codex else "all"
-    if args.optimizer is None:
+    if args.optimizer is None:  # the polar trainer's; TRL keeps its own AdamW
         args.optimizer = CODEX_TRAINER["optimizer"] if codex else "adamw"
-    if args.lr is None:
-        args.lr = CODEX_TRAINER["lr"] if codex else 2e-3
+    if args.lr is None:  # TRL (AdamW) on codex: 1e-2 broke the tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
+        args.lr = (3e-3 if args.trainer == "trl" else CODEX_TRAINER["lr"]) if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
-    if args.trainer == "trl" and args.builder == "per_request" and args.turns > 1:
+    if args.trainer == "trl" and args.builder == "per_request" and (args.turns > 1 or codex):  # Codex: 2 calls
         raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
                          "several traces (polar_mq/rl/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)
@@ -268,8 +270,11 @@ def run(args: argparse.Namespace) -> dict:
     rows_out: list[dict] = []
     try:
         os.environ["POLAR_LOG_DIR"] = str(out / "logs")
+        # the embedded Redis keeps its data in OUT/home/redis, so the viewer links in metrics.md open
+        # again after the run (report.reopen_command: `polar-mq up` on the same POLAR_HOME)
         stack = launch(api_port=free_port(), gateway_port=free_port(), upstreams=[server.url], flower=False,
-                       concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env)
+                       concurrency=(args.init_workers, args.run_workers, args.postrun_workers), extra_env=env,
+                       data_dir=out / "home" / "redis")
         client = Client(stack.api_url, timeout=60)
         client.resume(policy_version=version)
         tmpl = template(builder=args.builder, harness=args.harness,
@@ -287,7 +292,8 @@ def run(args: argparse.Namespace) -> dict:
             rows_out = polar_loop(args, client, server, out, wdir, tmpl, rows_for_step)
         summary = write_report(out, rows_out, seed=args.seed, harness=args.harness, trainer=args.trainer,
                                builder=args.builder, turns=args.turns, total_s=time.time() - t_run,
-                               vllm_start_s=t_start, vllm_weight_version=server.weight_version())
+                               vllm_start_s=t_start, vllm_weight_version=server.weight_version(),
+                               api_url=stack.api_url, reopen=reopen_command(out, stack.api_url))
         return summary
     finally:
         if stack is not None:
@@ -312,7 +318,8 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell, AdamW), 3.0 (codex, SGD)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default 2e-3 (shell, AdamW), 3.0 (codex, SGD), 3e-3 (codex with --trainer trl, AdamW)")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default=None,
                     help="default adamw (shell), sgd (codex: CODEX_TRAINER; docs/rl.md)")

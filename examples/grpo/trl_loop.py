@@ -9,7 +9,11 @@ same rollouts (polar_mq sessions through the groups API) and the same weight syn
   vLLM in place (``vllm_policy.sync``: pause, reload, resume with ``policy_version`` = TRL's global
   step), so the next batch is sampled by the updated weights (tests/vllm/test_grpo_vllm.py::
   test_trl_steps_reach_vllm checks the served logprobs change);
-* one step = one generation batch (``prompts`` x ``group_size`` completions), one optimiser step.
+* one step = one generation batch (``prompts`` x ``group_size`` completions) and ``--epochs`` clipped
+  optimiser passes over it (TRL's ``num_iterations``), then one sync;
+* ``--harness codex``: each session is the real Codex CLI's two calls merged into one trace
+  (TITO + prefix_merging), so TRL's completion is the tool call, Codex's tool output (``env_mask``
+  0) and the final text; with ``--trainable lm_head`` (codex's default) only the LM head is trained.
 
 Returns the per-step rows ``report.write_report`` takes (the same columns as the polar trainer's,
 TRL's own loss/clip figures where it has them).
@@ -36,6 +40,78 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(s, dst / name)
 
 
+def score_completions_only() -> bool:
+    """TRL's fused LM head scores every position of prompt + completion on devices without Triton
+    (CPU) and masks the prompt's afterwards (``trl.trainer.utils``: the fixed tile shapes matter for
+    compilation on Neuron, not here); with Codex's ~1k-token prompt and ~40-token completions that
+    is ~25x the work. Its compact path (gather the completion positions, score them, scatter back
+    into zeros) gives the same log-probs and gradients; use it on CPU too. False when this TRL has
+    no such switch (nothing changed). Guarded by
+    tests/rl/test_grpo_loop.py::test_trl_scores_only_completion_positions_exactly."""
+    import trl.trainer.utils as trl_utils
+
+    if not callable(getattr(trl_utils, "_use_triton", None)):
+        return False
+    trl_utils._use_triton = lambda device: True  # only the compact-or-not choice in the fused forward
+    return True
+
+
+def scale_lr(trainer: Any, base_lr: float, scale: float) -> None:
+    """``--lr-by-groups`` for TRL (the polar trainer's ``lr_scale``, on by default for codex): this
+    batch's passes run at ``base_lr x scale`` x the schedule's factor (``scale``: the fraction of
+    its groups whose rewards differ), so one informative group of four does not move the policy,
+    over ``num_iterations`` AdamW steps, as far as four. Called from the rollout, i.e. before the
+    batch's first optimiser step; the scheduler keeps the scaled base for the batch's later passes.
+    Guarded by tests/rl/test_grpo_loop.py::test_trl_lr_by_groups_scales_the_batch_and_keeps_the_schedule."""
+    sched = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
+    sched.base_lrs = [base_lr * scale for _ in sched.base_lrs]
+    for group, factor in zip(trainer.optimizer.param_groups, sched.lr_lambdas):
+        group["lr"] = base_lr * scale * factor(sched.last_epoch)
+
+
+def cache_frozen_trunk(model: Any, keep: int = 4) -> dict:
+    """With only the LM head trainable, the trunk's hidden states of a batch are the same on every
+    pass TRL makes over it (its old-logprob pass and ``num_iterations`` training passes): compute
+    them once per distinct ``(input_ids, attention_mask)`` and reuse them (the ``keep`` latest),
+    so a Codex batch (32 x ~1.05k tokens) runs the trunk once instead of 9 times. Exact: no trunk
+    parameter requires grad, so the cached tensors carry no graph, and the trunk is deterministic
+    (no dropout); the trunk runs without a graph (a cached graph would be backpropagated twice,
+    and TRL's Trainer may make the input embeddings require grad). Returns the counters ``{"computed", "reused"}``. Guarded by
+    tests/rl/test_grpo_loop.py::test_trl_trunk_cache_is_exact."""
+    import hashlib
+
+    import torch
+
+    trunk = model.model
+    if any(p.requires_grad for p in trunk.parameters()):
+        raise ValueError("cache_frozen_trunk: the trunk has trainable parameters (only an LM-head-only model may cache)")
+    forward = trunk.forward
+    cache: dict[tuple, Any] = {}
+    stats = {"computed": 0, "reused": 0}
+
+    def cached(input_ids: Any = None, attention_mask: Any = None, **kw: Any) -> Any:
+        if input_ids is None or kw.get("inputs_embeds") is not None or kw.get("past_key_values") is not None:
+            return forward(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        h = hashlib.sha256(input_ids.detach().cpu().numpy().tobytes())
+        h.update(repr(tuple(input_ids.shape)).encode())
+        if attention_mask is not None:
+            h.update(attention_mask.detach().cpu().numpy().tobytes())
+        key = (h.hexdigest(), tuple(sorted((k, repr(v)) for k, v in kw.items())))
+        if key in cache:
+            stats["reused"] += 1
+            return cache[key]
+        with torch.no_grad():  # nothing below the LM head trains: the hidden states need no graph
+            out = forward(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        stats["computed"] += 1
+        cache[key] = out
+        while len(cache) > keep:
+            cache.pop(next(iter(cache)))
+        return out
+
+    trunk.forward = cached
+    return stats
+
+
 def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: dict, rows_for_step: Callable[[int], list],
           log: Callable[[str], None]) -> list[dict]:
     import torch
@@ -43,17 +119,26 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
+    from examples.grpo.report import sample_sessions
     from examples.grpo.vllm_policy import sync
     from polar_mq.rl.trainers.trl import PolarRollout
     from polar_mq.rl.trainers.trl import polar_reward
     from polar_mq.rl.trainers.trl import sync_callback
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    score_completions_only()
     torch.manual_seed(args.seed)
     tok = PreTrainedTokenizerFast.from_pretrained(str(wdir / "tokenizer") if (wdir / "tokenizer").is_dir() else str(wdir))
     if tok.pad_token is None:
         tok.pad_token = "<|endoftext|>"
     model = AutoModelForCausalLM.from_pretrained(str(wdir), dtype=torch.float32)
+    if getattr(args, "trainable", "all") == "lm_head":
+        # the codex policy's setting (run.py's codex defaults, as trainer.PolicyTrainer does): only the
+        # output layer moves, the hidden states that read Codex's ~1k-token prompt stay the base's;
+        # the Trainer's optimiser takes the parameters that require grad only
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("lm_head."))
+        cache_frozen_trunk(model)
     # the dataset in TRL's order: step k's rows, each repeated by TRL's sampler num_generations times
     rows = [r for step in range(args.steps) for r in rows_for_step(step)]
     target = {r["instruction"]: r["metadata"]["target"] for r in rows}
@@ -72,6 +157,9 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
         used = [g for g in groups
                 if len({t.get("reward") for t in g["trajectories"] if t.get("reward") is not None}) > 1]
         mask = result["env_mask"]
+        lr_scale = len(used) / max(1, len(groups)) if getattr(args, "lr_by_groups", False) else 1.0
+        if getattr(args, "lr_by_groups", False):
+            scale_lr(trainer, args.lr, lr_scale)
         state["pending"] = {
             "step": len(state["rows"]), "policy_version": state["version"], "groups": len(groups),
             "sessions": len(sessions), "errors": sum(1 for s in sessions if s.get("state") == "ERROR"),
@@ -85,6 +173,7 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
             "staleness_max": max((state["version"] - g["policy_version"] for g in groups
                                   if isinstance(g.get("policy_version"), int)), default=None),
             "ratio_max": None, "rollout_s": round(time.time() - t0, 2),
+            "viewer_sessions": sample_sessions(groups), "lr_scale": round(lr_scale, 3),
         }
         state["t_train"] = time.time()
         return result

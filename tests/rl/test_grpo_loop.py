@@ -93,7 +93,7 @@ def test_summary_lines_are_the_contracts():
 
 
 @pytest.mark.parametrize("argv,reason", [
-    (["--harness", "codex", "--trainer", "trl"], "harness codex"),
+    (["--harness", "codex", "--trainer", "trl", "--builder", "per_request"], "trainer trl"),
     (["--harness", "codex", "--turns", "3"], "harness codex"),
     (["--harness", "claude_code"], "harness claude_code"),
     (["--harness", "shell", "--trainer", "trl", "--builder", "per_request", "--turns", "3"], "trainer trl"),
@@ -192,3 +192,148 @@ def test_trl_rollout_refuses_part_of_a_session():
     assert out["prompt_ids"][-1] == [1] * 5 and main.dropped_traces == 1
     with pytest.raises(ValueError):
         PolarRollout(client=None, template={}, multi_trace="first")
+
+
+def test_viewer_links_pick_a_success_and_a_failure(tmp_path):
+    """metrics.md names one successful (reward 1) and one failed (reward 0) sample's viewer page,
+    each from the last step that has one; ERROR sessions (no reward) are never picked, and a
+    kind no step had is said to be missing rather than linked wrongly."""
+    from examples.grpo.report import sample_sessions, viewer_links, write_report
+    from polar_mq.model import Group
+
+    def group(task: str, graded: list[tuple[str, float | None, str]]) -> dict:
+        return {"task_id": task, "trajectories": [{"session_id": sid, "task_id": task, "reward": r, "status": st}
+                                                  for sid, r, st in graded]}
+
+    step0 = [group("t0", [("s-b", 0.0, "COMPLETED"), ("s-a", 1.0, "COMPLETED")])]
+    step1 = [group("t1", [("s-z", None, "ERROR"), ("s-y", 1.0, "COMPLETED"), ("s-x", 1.0, "COMPLETED")]),
+             group("t2", [("s-w", 0.0, "ERROR"), ("s-v", 1.0, "COMPLETED")])]
+    # the groups API's dicts (TRL's rollout) and the client's Group objects (the polar loop) alike
+    assert sample_sessions(step1) == {"success": "s-v", "failure": None}
+    assert sample_sessions([Group.from_dict(g) for g in step1]) == {"success": "s-v", "failure": None}
+    assert sample_sessions(step0) == {"success": "s-a", "failure": "s-b"}
+
+    rows = [{"step": k, "policy_version": k, "mean_reward": m, "pass_rate": m, "tokens_trained": 4, "rollout_s": 1.0,
+             "train_s": 0.1, "sync_s": 0.1, "sync_downtime_s": 0.05, "wall_s": 1.2, "viewer_sessions": v}
+            for k, (m, v) in enumerate([(0.5, sample_sessions(step0)), (0.75, sample_sessions(step1))])]
+    links = viewer_links(rows, "http://127.0.0.1:8123/")
+    assert links["success"] == {"session_id": "s-v", "step": 1, "policy_version": 1, "reward": 1.0,
+                                "url": "http://127.0.0.1:8123/ui/sessions/s-v"}
+    assert links["failure"]["session_id"] == "s-b" and links["failure"]["step"] == 0
+    assert viewer_links(rows[1:], None)["failure"] is None
+
+    write_report(tmp_path, rows, seed=0, api_url="http://127.0.0.1:8123", reopen="serve it again: polar-mq up")
+    md = (tmp_path / "metrics.md").read_text()
+    assert "successful sample (reward 1), step 1 (policy v1): http://127.0.0.1:8123/ui/sessions/s-v" in md
+    assert "failed sample (reward 0), step 0 (policy v0): http://127.0.0.1:8123/ui/sessions/s-b" in md
+    assert "serve it again" in md and "token=" not in md
+    assert json.loads((tmp_path / "viewer.json").read_text()) == links
+    assert json.loads((tmp_path / "summary.json").read_text())["viewer"] == links
+    write_report(tmp_path, rows[1:], seed=0, api_url="http://127.0.0.1:8123")
+    assert "failed sample (reward 0): none in this run" in (tmp_path / "metrics.md").read_text()
+
+
+def test_trl_trunk_cache_is_exact():
+    """--harness codex --trainer trl trains the LM head only; trl_loop.cache_frozen_trunk runs the
+    frozen trunk once per batch instead of once per pass: the logits and the LM head's gradient
+    are exactly those of the uncached model, a new batch is computed afresh, and a model whose
+    trunk trains is refused."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from examples.grpo.trl_loop import cache_frozen_trunk
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    plain, cached = Qwen2ForCausalLM(cfg), Qwen2ForCausalLM(cfg)
+    cached.load_state_dict(plain.state_dict())
+    for m in (plain, cached):
+        for name, p in m.named_parameters():
+            p.requires_grad_(name.startswith("lm_head."))
+    with pytest.raises(ValueError):
+        cache_frozen_trunk(Qwen2ForCausalLM(cfg))
+    # as TRL's GRPOConfig sets it up (gradient_checkpointing defaults to True): the input embeddings
+    # require grad, so an uncached trunk builds a graph a reused output would backpropagate twice
+    for m in (plain, cached):
+        m.train()
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        m.enable_input_require_grads()
+    stats = cache_frozen_trunk(cached)
+    ids = torch.randint(0, 64, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding, as TRL pads prompts
+    for _ in range(3):  # TRL's passes over one batch
+        for m in (plain, cached):
+            m.zero_grad()
+            out = m(input_ids=ids, attention_mask=mask, logits_to_keep=4)
+            out.logits.log_softmax(-1)[..., 5].sum().backward()
+        assert torch.equal(plain(input_ids=ids, attention_mask=mask).logits, cached(input_ids=ids, attention_mask=mask).logits)
+        assert torch.equal(plain.lm_head.weight.grad, cached.lm_head.weight.grad)
+    assert stats == {"computed": 1, "reused": 5}
+    other = torch.randint(0, 64, (3, 10))
+    assert torch.equal(plain(input_ids=other).logits, cached(input_ids=other).logits)
+    assert stats["computed"] == 2
+
+
+def test_trl_scores_only_completion_positions_exactly():
+    """trl_loop.score_completions_only: TRL's fused LM head gathers the completion positions on CPU
+    too (instead of scoring the whole ~1k-token Codex prompt and masking it): the same per-token
+    log-probs, entropies and LM-head gradient as scoring every position."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from examples.grpo.trl_loop import score_completions_only
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, 64, (3, 12))
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    labels[:, :-4] = -100  # only the completion is scored, as TRL labels it
+
+    def scored():
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        out.log_probs.sum().backward()
+        return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
+
+    original = trl_utils._use_triton
+    try:
+        every = scored()
+        assert score_completions_only()
+        compact = scored()
+    finally:
+        trl_utils._use_triton = original
+    for a, b in zip(every, compact):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_trl_lr_by_groups_scales_the_batch_and_keeps_the_schedule():
+    """trl_loop.scale_lr (``--lr-by-groups``, codex's default, for TRL): the batch's first pass and
+    its later passes run at lr x the informative fraction x the linear schedule's factor."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from examples.grpo.trl_loop import scale_lr
+
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w], lr=1e-2)
+    sched = get_linear_schedule_with_warmup(opt, 0, 10)
+    trainer = SimpleNamespace(optimizer=opt, lr_scheduler=SimpleNamespace(scheduler=sched))
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    scale_lr(trainer, 1e-2, 0.25)  # one group of four differs
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.25 * 0.8)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.25 * 0.7)
+    scale_lr(trainer, 1e-2, 1.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.7)

@@ -261,3 +261,63 @@ def test_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared
                 assert n <= r["sequences"] < 1.5 * n, r
     assert "| per_request |" in (out / "ablation.md").read_text()
     assert (out / "ablation.png").stat().st_size > 10_000
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_codex_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared_vllm, capsys):
+    """examples.grpo.ablation through the real Codex CLI, 2 steps per builder on the same seed: a
+    Codex session is two model calls (the exec_command tool call, the final text after the tool
+    output), so per_request trains on more than one sequence per session and prefix_merging on
+    exactly one (TITO: the second call extends the first's ids); the CONTRACT's last line,
+    ablation.md and the plot (docs/rl.md, "The builder ablation through the real Codex CLI")."""
+    from examples.grpo import ablation
+
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
+    out = tmp_path / "ablation"
+    ablation.main(["--harness", "codex", "--steps", "2", "--seed", "0", "--out", str(out), "--vllm-url", shared_vllm])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    res = json.loads((out / "ablation.json").read_text())
+    assert last == res["line"] and last.startswith("ablation: per_request ")
+    for builder in ("per_request", "prefix_merging"):
+        rows = [json.loads(x) for x in (out / builder / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["errors"] == 0 and r["sessions"] == PROMPTS * GROUP for r in rows), rows
+        assert sum(r["calls"] for r in rows) >= 1.5 * sum(r["sessions"] for r in rows), rows
+        for r in rows:
+            n = GROUP * r["groups_trained"]  # sessions trained on
+            assert (r["sequences"] > n if n and builder == "per_request" else r["sequences"] == n), r
+    assert res["totals"]["per_request"]["sequences"] > res["totals"]["prefix_merging"]["sequences"]
+    assert "| per_request |" in (out / "ablation.md").read_text()
+    assert (out / "ablation.png").stat().st_size > 10_000
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_codex_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
+    """--harness codex --trainer trl: TRL's GRPOTrainer on real Codex CLI sessions, one trace per
+    session (PolarRollout: the tool call, Codex's tool output masked by env_mask, the final text),
+    the LM head only at AdamW 3e-3 x 8 passes, lr by groups (run.py's codex + TRL defaults), weights into vLLM after
+    every batch; the polar trainer's criterion (``report.learnt``; docs/rl.md, "Codex + TRL")."""
+    pytest.importorskip("trl")
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda *a, **k: False)
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("POLAR_LOG_DIR", str(tmp_path / "logs"))
+    out, steps = tmp_path / "trl", CODEX_STEPS
+    summary = grpo_run.run(grpo_run.parser().parse_args(
+        ["--harness", "codex", "--trainer", "trl", "--steps", str(steps), "--prompts", str(PROMPTS),
+         "--group-size", str(GROUP), "--seed", "0", "--out", str(out), "--vllm-url", shared_vllm]))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == list(range(steps)), rows
+    assert all(r["errors"] == 0 and r["sessions"] == PROMPTS * GROUP for r in rows), rows
+    assert all(r["sequences"] == r["groups_trained"] * GROUP for r in rows), rows  # one trace per session
+    assert requests.get(f"{shared_vllm}/weight_info", timeout=10).json() == {"weight_version": str(steps)}
+    rewards = [r["mean_reward"] for r in rows]
+    print("grpo codex trl: " + summary["line"] + "; per step " + " ".join(f"{x:.3f}" for x in rewards))
+    assert summary["line"].startswith("rl-demo: harness codex, trainer trl, builder prefix_merging, ")
+    verdict = learnt(rewards, PROMPTS * GROUP)
+    assert verdict["passed"], (rewards, verdict)
