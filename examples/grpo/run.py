@@ -28,8 +28,10 @@ step, B: mean of the last two steps).
 Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
 ``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
 trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
-tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
-with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
+tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps) and ``claude_code`` (the
+pinned, unmodified Claude Code CLI with ``claude_task.ARGS`` / ``ENV``: its own Bash tool over
+Anthropic Messages; docs/rl.md, "Through the real Claude Code CLI"); both take their base policy
+from ``harness_base.py`` and the codex trainer defaults. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
 weight sync (``trl_loop.py``; shell only).
 """
 
@@ -52,6 +54,7 @@ from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: 
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
 CODEX_MAX_MODEL_LEN = 4096  # Codex's prompt is ~950 tokens, ~1.1k at its second call
+CLI_HARNESSES = ("codex", "claude_code")  # a pinned real CLI, its base policy from harness_base.py
 
 
 def log(msg: str) -> None:
@@ -61,10 +64,7 @@ def log(msg: str) -> None:
 HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
-NOT_BUILT = {
-    "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
-                   "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell",
@@ -78,6 +78,18 @@ def template(timeout: int = 180, builder: str = "prefix_merging", harness: str =
         return {
             "timeout_seconds": timeout,
             "agent": {"harness": "codex", "model": "policy", "options": {"extra_args": codex_task.extra_args()},
+                      "sampling": {"temperature": 1.0, "max_tokens": 64}},
+            "runtime": {"backend": "local"},
+            "builder": {"strategy": builder},
+            "grader": {"strategy": "examples.grpo.grader:AnswerGrader", "config": {"timeout_seconds": 60}},
+        }
+    if harness == "claude_code":  # the pinned Claude Code CLI, claude_task.ARGS / ENV (docs/rl.md)
+        from examples.grpo import claude_task
+
+        return {
+            "timeout_seconds": timeout,
+            "agent": {"harness": "claude_code", "model": "policy",
+                      "options": {"extra_args": claude_task.extra_args(), "env": dict(claude_task.ENV)},
                       "sampling": {"temperature": 1.0, "max_tokens": 64}},
             "runtime": {"backend": "local"},
             "builder": {"strategy": builder},
@@ -189,9 +201,9 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import write_report
 
-    codex = args.harness == "codex"
+    codex = args.harness in CLI_HARNESSES  # codex and claude_code share the recipe and the trainer defaults
     if codex and (args.turns != 1 or args.trainer != "polar"):
-        raise SystemExit("harness codex: the one-instruction task with --trainer polar only (docs/rl.md)")
+        raise SystemExit(f"harness {args.harness}: the one-instruction task with --trainer polar only (docs/rl.md)")
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
     # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): the codex policy trains its
@@ -217,12 +229,12 @@ def run(args: argparse.Namespace) -> dict:
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    if args.harness == "codex":
-        from examples.grpo.codex_base import build as build_codex_base
+    if args.harness in CLI_HARNESSES:
+        from examples.grpo import harness_base
 
-        log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
-        base = build_codex_base(Path(f"{args.base}-codex"), seed=args.seed, log=log,
-                                target_p=args.target_p if args.target_p is not None else 0.3)
+        log(f"capturing {args.harness}'s prompt (the pinned CLI against a local recorder) …")
+        base = harness_base.build(harness_base.recipe(args.harness), Path(f"{args.base}-{args.harness}"),
+                                  seed=args.seed, log=log, target_p=args.target_p if args.target_p is not None else 0.3)
     elif args.policy == "smollm2":  # a real pretrained model (examples/grpo/smollm.py)
         from examples.grpo import smollm
 
@@ -241,7 +253,7 @@ def run(args: argparse.Namespace) -> dict:
         log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
     else:
         server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
-                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness == "codex" else None)
+                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness in CLI_HARNESSES else None)
         log(f"starting vLLM on {wdir} …")
         t_start = server.start()
         log(f"vLLM ready in {t_start:.0f}s at {server.url}")
@@ -249,8 +261,8 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
-    if args.harness == "codex":
-        # TITO: Codex's second call goes upstream as the first call's ids + the sampled ids + the
+    if args.harness in CLI_HARNESSES:
+        # TITO: the CLI's (Codex's) second call goes upstream as the first call's ids + the sampled ids + the
         # rendered tool result, so prefix_merging gets one exact trace per session
         env["POLAR_TOKENIZER"] = str(base / "tokenizer")
     os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})
