@@ -90,6 +90,11 @@ class Recipe:
     task: Any  # a HarnessPromptTask (a module)
     stamp: Callable[[Path, dict, int, float], str]
     request_file: str
+    # lift (None: off, codex): after softening, the four direction rows move together along the
+    # mean hidden state at the choice, until p(any direction) >= this on every prompt. Softening
+    # alone left Claude Code's policy at p(any direction) 0.70 (min): a quarter of its samples took
+    # a token of the flat tail at the choice and ran off into text that was no command at all
+    any_direction_p: float | None = None
 
 
 def chats(t: Any, body: dict, seed: int) -> tuple[list, list[str | None]]:
@@ -200,7 +205,13 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
             # format tokens never learn to read the instruction (codex: p(correct) 0.25 for 180 steps)
             loss = fmt.mean() + (-tok_lp[sel_t]).mean()
             return loss, tok_lp[sel_t].detach().exp(), float(torch.exp(-fmt.detach().max())), logits[sel_t]
-        return losses, seqs
+
+        def choice_hidden():
+            """The LM head's inputs at the turn-1 choices."""
+            hidden, off = hidden_states(model, seqs, pad, first_needed)
+            at_sel = [pos[k] for k in sel]
+            return hidden[torch.tensor([r for r, _ in at_sel]), torch.tensor([c - off for _, c in at_sel])]
+        return losses, seqs, choice_hidden
 
     def learn(losses, name: str, hard_p: float, format_p: float) -> None:
         for step in range(1, MAX_LEARN_STEPS + 1):
@@ -217,9 +228,9 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
                     return
         raise SystemExit(f"{recipe.name} base: the {name} phase did not converge")
 
-    short, _ = objective(tiny.examples(tok, [(m, None, r) for m, _, r in triples]))
+    short, _, _ = objective(tiny.examples(tok, [(m, None, r) for m, _, r in triples]))
     learn(short, "read", HARD_P, 0.0)
-    losses, seqs = objective(data)
+    losses, seqs, choice_hidden = objective(data)
     log(f"{recipe.name} base: {len(data)} examples, prompts {min(len(s) for s in seqs)}-{max(len(s) for s in seqs)} "
         f"tokens, directions part at reply token {split}: {dir_tok}")
     learn(losses, "learn", HARD_P, FORMAT_P)
@@ -234,14 +245,39 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
             _, p_corr, fmt_min, logits = losses()
         return float(p_corr.mean()), p_corr, fmt_min, logits
 
-    lo, hi = 0.0, 1.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        if at(mid)[0] < target_p:
-            lo = mid
-        else:
-            hi = mid
-    alpha = (lo + hi) / 2
+    def soften() -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if at(mid)[0] < target_p:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    alpha = soften()
+    lifted = None
+    if recipe.any_direction_p is not None:
+        # one vector added to the four rows adds about the same logit to the four directions:
+        # p(correct | a direction) stays, p(any direction) rises; then soften again for p(correct)
+        with torch.no_grad():
+            h = choice_hidden().mean(0)
+        lift = h / h.dot(h)  # h . lift = 1: about one logit per unit of c
+        rows0, centre0 = rows_w, centre
+        for _round in range(3):
+            lo, hi = 0.0, 64.0
+            for _ in range(30):
+                mid = (lo + hi) / 2
+                rows_w, centre = rows0 + mid * lift, centre0 + mid * lift
+                p_any = torch.softmax(at(alpha)[3].float(), -1)[:, all_dirs].sum(-1)
+                if float(p_any.min()) < recipe.any_direction_p:
+                    lo = mid
+                else:
+                    hi = mid
+            rows_w, centre = rows0 + hi * lift, centre0 + hi * lift
+            alpha = soften()
+        lifted = hi
+        log(f"  lift: {hi:.3f} along the mean hidden state at the choice")
     mean_p, p_corr, fmt_min, logits = at(alpha)
     p_dirs = torch.softmax(logits.float(), -1)[:, all_dirs].sum(-1)
     log(f"  soften: alpha {alpha:.4f} p(correct) mean {mean_p:.3f} min {float(p_corr.min()):.3f} "
@@ -253,6 +289,8 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
             "direction_tokens": dir_tok, "p_any_direction_min": float(p_dirs.min()), "seed": seed,
             "prompt_tokens": [min(len(s) for s in seqs), max(len(s) for s in seqs)],
             "seconds": round(time.time() - t0, 1)}
+    if lifted is not None:
+        info["lift"] = lifted
     (out / "grpo_base.json").write_text(json.dumps(info, indent=2))
     (out / recipe.request_file).write_text(json.dumps(t.prompt_key(body), indent=1))
     log(f"{recipe.name} base model -> {out} {info}")
@@ -272,7 +310,7 @@ def _claude_code() -> Recipe:
         return source_stamp("claude_code", (sys.modules[__name__], task, claude_task), tok_dir, body,
                             claude_task.prompt_key, seed, target_p)
 
-    return Recipe("claude_code", claude_task, stamp, "claude_code_request.json")
+    return Recipe("claude_code", claude_task, stamp, "claude_code_request.json", any_direction_p=0.95)
 
 
 RECIPES: dict[str, Callable[[], Recipe]] = {"codex": _codex, "claude_code": _claude_code}

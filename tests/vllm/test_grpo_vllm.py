@@ -261,3 +261,27 @@ def test_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared
                 assert n <= r["sequences"] < 1.5 * n, r
     assert "| per_request |" in (out / "ablation.md").read_text()
     assert (out / "ablation.png").stat().st_size > 10_000
+
+
+CLAUDE_STEPS = 6
+
+
+@pytest.mark.full
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_claude_code_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
+    """GRPO through the real, unmodified Claude Code CLI (examples/grpo/claude_task.py): every session
+    is ``claude -p`` against the gateway, Anthropic Messages on the wire, the model's hermes tool call
+    turned into a ``tool_use`` of Claude Code's own ``Bash`` tool, Claude Code running ``echo
+    <direction> > answer.txt`` and sending the result back, the model ending the turn; TITO
+    continues the second call (one trace per session); the reward is the answer file. The codex
+    test's checks and criterion (``report.learnt``), with run.py's defaults for CLI harnesses."""
+    steps = CLAUDE_STEPS
+    rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), harness="claude_code")
+    check_loop(rows, summary, steps, tmp_path / "run", shared_vllm, harness="claude_code")
+    # sessions made Claude Code's round trip and nothing else: the tool call, then the final text
+    # (two calls; a session whose first reply is not a tool call ends after one)
+    assert all(1.5 * r["sessions"] <= r["calls"] <= 2 * r["sessions"] for r in rows), rows
+    rewards = [r["mean_reward"] for r in rows]
+    verdict = learnt(rewards, PROMPTS * GROUP)
+    assert verdict["passed"], (rewards, verdict)
