@@ -145,7 +145,7 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
                             seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable,
-                            adam_eps=args.adam_eps, train_layers=args.train_layers)
+                            adam_eps=args.adam_eps, train_layers=args.train_layers, head_rows=args.head_rows)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -219,6 +219,8 @@ def run(args: argparse.Namespace) -> dict:
     args.lr_by_groups = args.lr_by_groups or codex
     if args.adam_eps is None:
         args.adam_eps = 1e-8
+    if args.head_rows is None:  # claude_code: only the sampled tokens' LM-head rows move (docs/rl.md)
+        args.head_rows = "sampled" if args.harness == "claude_code" else "all"
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -331,6 +333,9 @@ def parser() -> argparse.ArgumentParser:
                          "docs/rl.md, 'Through the real Codex CLI')")
     ap.add_argument("--adam-eps", type=float, default=None,
                     help="AdamW's eps (default 1e-8; docs/rl.md: 1e-5 did not stop the codex collapse)")
+    ap.add_argument("--head-rows", choices=["all", "sampled"], default=None,
+                    help="LM-head rows the polar trainer may move: all, or only those of tokens sampled in the "
+                         "batch (default: sampled for claude_code, all otherwise; docs/rl.md)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

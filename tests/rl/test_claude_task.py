@@ -196,3 +196,33 @@ def test_generalised_builder_keeps_the_codex_recipe():
     for name in ("FORMAT_P", "FINAL_FORMAT_P", "HARD_P", "LR", "CHOICE_TOL", "MAX_LEARN_STEPS", "MAX_POSITIONS",
                  "SECOND_TURNS"):
         assert getattr(harness_base, name) == getattr(codex_base, name), name
+
+
+@pytest.mark.parametrize("head_rows", ["all", "sampled"])
+def test_head_rows_sampled_keeps_the_unsampled_rows(tmp_path, head_rows):
+    """trainer.PolicyTrainer(head_rows="sampled"): only the LM-head rows of tokens sampled in the batch
+    move; with "all" AdamW moves every row, the never-sampled ones too (their ~1e-9 softmax
+    gradients normalised to full-size steps: what broke Claude Code's tool-call format)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from examples.grpo.trainer import PolicyTrainer
+    from polar_mq.rl.trainers.samples import TrainSample
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    trainer = PolicyTrainer(tmp_path / "m", lr=1e-2, epochs=4, minibatches=1, trainable="lm_head",
+                            head_rows=head_rows)
+    before = trainer.model.lm_head.weight.detach().clone()
+    samples = [TrainSample(prompt_ids=[5, 6, 7], response_ids=r, loss_mask=[1, 1], behaviour_logprobs=[-5.7, -5.7],
+                           reward=rw, advantage=adv, group_id="g", session_id=f"s{i}")
+               for i, (r, rw, adv) in enumerate([([10, 11], 1.0, 1.0), ([12, 11], 0.0, -1.0)])]
+    stats = trainer.step(samples)
+    assert stats.tokens_trained == 4
+    moved = (trainer.model.lm_head.weight.detach() - before).abs().sum(1) > 0
+    assert moved[[10, 11, 12]].all()
+    others = torch.ones(300, dtype=torch.bool)
+    others[[10, 11, 12]] = False
+    assert bool(moved[others].any()) == (head_rows == "all")
