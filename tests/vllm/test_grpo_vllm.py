@@ -279,9 +279,10 @@ def test_claude_code_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, sh
     steps = CLAUDE_STEPS
     rows, summary = grpo(tmp_path, monkeypatch, shared_vllm, "--steps", str(steps), harness="claude_code")
     check_loop(rows, summary, steps, tmp_path / "run", shared_vllm, harness="claude_code")
-    # sessions made Claude Code's round trip and nothing else: the tool call, then the final text
-    # (two calls; a session whose first reply is not a tool call ends after one)
-    assert all(1.5 * r["sessions"] <= r["calls"] <= 2 * r["sessions"] for r in rows), rows
+    # sessions made Claude Code's round trip: the tool call, then the final text after the tool
+    # result (a reply that is no tool call ends the session after one call; one holding two tool
+    # calls makes a third); no side request is recorded (tests/rl/test_claude_task.py)
+    assert all(r["calls"] >= 1.5 * r["sessions"] for r in rows), rows
     rewards = [r["mean_reward"] for r in rows]
     verdict = learnt(rewards, PROMPTS * GROUP)
     assert verdict["passed"], (rewards, verdict)
