@@ -210,8 +210,11 @@ def run(args: argparse.Namespace) -> dict:
     # LM head only (the whole model broke the tool-call format in one step), at 1e-2 x 8 epochs
     if args.trainable is None:
         args.trainable = "lm_head" if codex else "all"
+    claude = args.harness == "claude_code"
+    if args.optimizer is None:  # claude_code: plain SGD on the LM head (AdamW's normalised steps broke its format)
+        args.optimizer = "sgd" if claude else "adamw"
     if args.lr is None:
-        args.lr = 1e-2 if codex else 2e-3
+        args.lr = 2.0 if claude else 1e-2 if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
@@ -316,9 +319,10 @@ def parser() -> argparse.ArgumentParser:
                     help="groups (tasks) per step; a multiple of 4 asks for every direction equally (task.rows)")
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex)")
+    ap.add_argument("--lr", type=float, default=None, help="default 2e-3 (shell), 1e-2 (codex), 2.0 (claude_code, SGD)")
     ap.add_argument("--clip", type=float, default=0.2)
-    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default=None,
+                    help="default adamw; sgd for claude_code (docs/rl.md, 'Through the real Claude Code CLI')")
     ap.add_argument("--kl-coef", type=float, default=None,
                     help="GRPO's KL term to the starting policy (k3); default 0")
     ap.add_argument("--minibatches", type=int, default=1)
