@@ -30,9 +30,9 @@ Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodifie
 trainer on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
 tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps) and ``claude_code`` (the
 pinned, unmodified Claude Code CLI with ``claude_task.ARGS`` / ``ENV``: its own Bash tool over
-Anthropic Messages; docs/rl.md, "Through the real Claude Code CLI"); both take their base policy
-from ``harness_base.py`` and the codex trainer defaults. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
-weight sync (``trl_loop.py``; shell only).
+Anthropic Messages; docs/rl.md, "Through the real Claude Code CLI"; its trainer: SGD on the LM
+head). Both take their base policy from ``harness_base.py``. ``--trainer trl``: TRL's GRPOTrainer on
+the same rollouts and weight sync (``trl_loop.py``; shell only).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
     if args.harness in CLI_HARNESSES:
-        # TITO: the CLI's (Codex's) second call goes upstream as the first call's ids + the sampled ids + the
+        # TITO: the CLI's second call goes upstream as the first call's ids + the sampled ids + the
         # rendered tool result, so prefix_merging gets one exact trace per session
         env["POLAR_TOKENIZER"] = str(base / "tokenizer")
     os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})

@@ -132,9 +132,9 @@ class PolicyTrainer:
         total_tokens = sum(s.trained_tokens for s in samples)
         losses, ratios, ratio_max, clipped, gap, n_tok = [], [], 1.0, 0.0, None, 0.0
         processed = 0
-        head = self.model.lm_head.weight
         frozen = None
         if self.head_rows == "sampled":
+            head = self.model.lm_head.weight
             frozen = torch.ones(head.shape[0], dtype=torch.bool)
             frozen[torch.tensor(sorted({t for s in samples for t, m in zip(s.response_ids, s.loss_mask) if m}))] = False
             before = head.detach()[frozen].clone()
