@@ -26,11 +26,12 @@ printed is CONTRACT's (Additions, turn 3)
 step, B: mean of the last two steps).
 
 Harnesses: ``shell`` (the openai-SDK agent) and ``codex`` (the pinned, unmodified Codex CLI with
-``codex_task.OVERRIDES``; its base policy ``codex_base.py``, trained on Codex's captured prompt; the
-trainer: ``CODEX_TRAINER``, the LM head with plain SGD; docs/rl.md, "Through the real Codex CLI"; guarded by
-tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps). ``claude_code`` stops
-with its reason before any work. ``--trainer trl``: TRL's GRPOTrainer on the same rollouts and
-weight sync (``trl_loop.py``; shell and codex: with codex the LM head only, as the polar trainer).
+``codex_task.OVERRIDES``; its base policy trained on Codex's captured prompt; the trainer ``CODEX_TRAINER``, SGD on the LM head; docs/rl.md, "Through the real Codex CLI"; guarded by
+tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps) and ``claude_code`` (the
+pinned, unmodified Claude Code CLI with ``claude_task.ARGS`` / ``ENV``: its own Bash tool over
+Anthropic Messages; docs/rl.md, "Through the real Claude Code CLI"; its trainer ``CLAUDE_TRAINER``:
+SGD on the LM head). Both take their base policy from ``harness_base.py``. ``--trainer trl``: TRL's GRPOTrainer on
+the same rollouts and weight sync (``trl_loop.py``; shell and codex, with codex the LM head only).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: 
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
 CODEX_MAX_MODEL_LEN = 4096  # Codex's prompt is ~950 tokens, ~1.1k at its second call
+CLI_HARNESSES = ("codex", "claude_code")  # a pinned real CLI, its base policy from harness_base.py
 
 
 def log(msg: str) -> None:
@@ -68,13 +70,15 @@ def log(msg: str) -> None:
 # mean over the step's ~1k trained tokens, so one choice token's gradient is ~1e-3). Guarded by
 # tests/rl/test_trainer_head.py and tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps.
 CODEX_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 3.0, "epochs": 8}
+# Claude Code's, the same recipe as measured on its prompt (docs/rl.md, "Through the real Claude Code
+# CLI"): SGD at 2.0, only the LM-head rows of tokens sampled in the batch move.
+CLAUDE_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 2.0, "epochs": 8, "head_rows": "sampled"}
+CLI_TRAINERS = {"codex": CODEX_TRAINER, "claude_code": CLAUDE_TRAINER}
+CODEX_TRL_LR = 3e-3  # TRL keeps its AdamW: 1e-2 broke Codex's tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
 HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
-NOT_BUILT = {
-    "claude_code": "harness claude_code: no base policy for Claude Code's own prompt yet (its request carries "
-                   "24 tools, ~76 KB). See docs/rl.md, 'Through a real harness'.",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell",
@@ -88,6 +92,18 @@ def template(timeout: int = 180, builder: str = "prefix_merging", harness: str =
         return {
             "timeout_seconds": timeout,
             "agent": {"harness": "codex", "model": "policy", "options": {"extra_args": codex_task.extra_args()},
+                      "sampling": {"temperature": 1.0, "max_tokens": 64}},
+            "runtime": {"backend": "local"},
+            "builder": {"strategy": builder},
+            "grader": {"strategy": "examples.grpo.grader:AnswerGrader", "config": {"timeout_seconds": 60}},
+        }
+    if harness == "claude_code":  # the pinned Claude Code CLI, claude_task.ARGS / ENV (docs/rl.md)
+        from examples.grpo import claude_task
+
+        return {
+            "timeout_seconds": timeout,
+            "agent": {"harness": "claude_code", "model": "policy",
+                      "options": {"extra_args": claude_task.extra_args(), "env": dict(claude_task.ENV)},
                       "sampling": {"temperature": 1.0, "max_tokens": 64}},
             "runtime": {"backend": "local"},
             "builder": {"strategy": builder},
@@ -144,7 +160,7 @@ def polar_loop(args: argparse.Namespace, client, server, out: Path, wdir: Path, 
     rows_out: list[dict] = []
     trainer = PolicyTrainer(wdir, lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches, epochs=args.epochs,
                             seed=args.seed, optimizer=args.optimizer, kl_coef=args.kl_coef, trainable=args.trainable,
-                            adam_eps=args.adam_eps, train_layers=args.train_layers)
+                            adam_eps=args.adam_eps, train_layers=args.train_layers, head_rows=args.head_rows)
     stream = client.groups(batch=args.prompts, wait=5.0, lease=600.0, max_staleness=args.max_staleness,
                            policy_version=lambda: version, drop_unusable=False)
     for step in range(args.steps):
@@ -200,25 +216,31 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import reopen_command, write_report
 
-    codex = args.harness == "codex"
+    cli = CLI_TRAINERS.get(args.harness)  # a pinned real CLI: its trainer defaults, the one-instruction task
+    codex = cli is not None
     if codex and args.turns != 1:
-        raise SystemExit("harness codex: the one-instruction task only (docs/rl.md)")
+        raise SystemExit(f"harness {args.harness}: the one-instruction task only (docs/rl.md)")
+    if args.harness == "claude_code" and args.trainer != "polar":
+        raise SystemExit("harness claude_code: --trainer polar only (TRL through Claude Code is not built; docs/rl.md)")
+    defaults: dict = cli or {}
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
     # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): CODEX_TRAINER for codex
     if args.trainable is None:
-        args.trainable = CODEX_TRAINER["trainable"] if codex else "all"
+        args.trainable = defaults.get("trainable", "all")
     if args.optimizer is None:  # the polar trainer's; TRL keeps its own AdamW
-        args.optimizer = CODEX_TRAINER["optimizer"] if codex else "adamw"
-    if args.lr is None:  # TRL (AdamW) on codex: 1e-2 broke the tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
-        args.lr = (3e-3 if args.trainer == "trl" else CODEX_TRAINER["lr"]) if codex else 2e-3
+        args.optimizer = defaults.get("optimizer", "adamw")
+    if args.lr is None:
+        args.lr = (CODEX_TRL_LR if args.trainer == "trl" else defaults["lr"]) if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
-        args.epochs = CODEX_TRAINER["epochs"] if codex else 4
+        args.epochs = defaults.get("epochs", 4)
     args.lr_by_groups = args.lr_by_groups or codex
     if args.adam_eps is None:
         args.adam_eps = 1e-8
+    if args.head_rows is None:
+        args.head_rows = defaults.get("head_rows", "all")
     for name in (args.harness, args.trainer):
         if name in NOT_BUILT:
             raise SystemExit(NOT_BUILT[name])
@@ -229,12 +251,12 @@ def run(args: argparse.Namespace) -> dict:
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    if args.harness == "codex":
-        from examples.grpo.codex_base import build as build_codex_base
+    if args.harness in CLI_HARNESSES:
+        from examples.grpo import harness_base
 
-        log("capturing Codex CLI's prompt (the pinned binary against a local recorder) …")
-        base = build_codex_base(Path(f"{args.base}-codex"), seed=args.seed, log=log,
-                                target_p=args.target_p if args.target_p is not None else 0.3)
+        log(f"capturing {args.harness}'s prompt (the pinned CLI against a local recorder) …")
+        base = harness_base.build(harness_base.recipe(args.harness), Path(f"{args.base}-{args.harness}"),
+                                  seed=args.seed, log=log, target_p=args.target_p if args.target_p is not None else 0.3)
     elif args.policy == "smollm2":  # a real pretrained model (examples/grpo/smollm.py)
         from examples.grpo import smollm
 
@@ -253,7 +275,7 @@ def run(args: argparse.Namespace) -> dict:
         log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
     else:
         server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
-                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness == "codex" else None)
+                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness in CLI_HARNESSES else None)
         log(f"starting vLLM on {wdir} …")
         t_start = server.start()
         log(f"vLLM ready in {t_start:.0f}s at {server.url}")
@@ -261,8 +283,8 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
-    if args.harness == "codex":
-        # TITO: Codex's second call goes upstream as the first call's ids + the sampled ids + the
+    if args.harness in CLI_HARNESSES:
+        # TITO: the CLI's second call goes upstream as the first call's ids + the sampled ids + the
         # rendered tool result, so prefix_merging gets one exact trace per session
         env["POLAR_TOKENIZER"] = str(base / "tokenizer")
     os.environ.update({k: v for k, v in env.items() if k in ("POLAR_HOME",)})
@@ -319,10 +341,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--group-size", type=int, default=8, help="num_samples per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=None,
-                    help="default 2e-3 (shell, AdamW), 3.0 (codex, SGD), 3e-3 (codex with --trainer trl, AdamW)")
+                    help="default 2e-3 (shell, AdamW), 3.0 (codex, SGD), 2.0 (claude_code, SGD), "
+                         "3e-3 (codex with --trainer trl, AdamW)")
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default=None,
-                    help="default adamw (shell), sgd (codex: CODEX_TRAINER; docs/rl.md)")
+                    help="default adamw (shell), sgd (codex, claude_code: CLI_TRAINERS; docs/rl.md)")
     ap.add_argument("--kl-coef", type=float, default=None,
                     help="GRPO's KL term to the starting policy (k3); default 0")
     ap.add_argument("--minibatches", type=int, default=1)
@@ -337,6 +360,9 @@ def parser() -> argparse.ArgumentParser:
                          "docs/rl.md, 'Through the real Codex CLI')")
     ap.add_argument("--adam-eps", type=float, default=None,
                     help="AdamW's eps (default 1e-8; docs/rl.md: 1e-5 did not stop the codex collapse)")
+    ap.add_argument("--head-rows", choices=["all", "sampled"], default=None,
+                    help="LM-head rows the polar trainer may move: all, or only those of tokens sampled in the "
+                         "batch (default: sampled for claude_code, all otherwise; docs/rl.md)")
     ap.add_argument("--max-staleness", type=int, default=0)
     ap.add_argument("--sync", choices=["reload", "restart"], default="reload")
     ap.add_argument("--out", default=str(cache / "grpo" / "run"))

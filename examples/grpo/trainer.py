@@ -41,7 +41,7 @@ class PolicyTrainer:
     def __init__(self, model_dir: str | Path, *, lr: float = 2e-3, clip_eps: float = 0.2,
                  minibatches: int = 2, epochs: int = 1, seed: int = 0, threads: int = 1, optimizer: str = "adamw",
                  kl_coef: float = 0.0, trainable: str = "all", adam_eps: float = 1e-8,
-                 train_layers: int = 0):
+                 train_layers: int = 0, head_rows: str = "all"):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -76,6 +76,12 @@ class PolicyTrainer:
             self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99), eps=adam_eps)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r} (adamw | sgd)")
+        # ``head_rows`` "sampled": the LM-head rows of tokens not sampled in a batch stay as they are
+        # (AdamW moved every unsampled row by ~lr per element from their ~1e-9 softmax gradients, in
+        # step: the tail rose en bloc and broke the tool-call format; docs/rl.md, Claude Code)
+        if head_rows not in ("all", "sampled"):
+            raise ValueError(f"unknown head_rows {head_rows!r} (all | sampled)")
+        self.head_rows = head_rows
         self.clip_eps = clip_eps
         self.minibatches = max(1, minibatches)
         self.epochs = max(1, epochs)
@@ -126,6 +132,12 @@ class PolicyTrainer:
         total_tokens = sum(s.trained_tokens for s in samples)
         losses, ratios, ratio_max, clipped, gap, n_tok = [], [], 1.0, 0.0, None, 0.0
         processed = 0
+        frozen = None
+        if self.head_rows == "sampled":
+            head = self.model.lm_head.weight
+            frozen = torch.ones(head.shape[0], dtype=torch.bool)
+            frozen[torch.tensor(sorted({t for s in samples for t, m in zip(s.response_ids, s.loss_mask) if m}))] = False
+            before = head.detach()[frozen].clone()
         for chunk in chunks:
             if not chunk:
                 continue
@@ -145,8 +157,13 @@ class PolicyTrainer:
             loss = (per_tok * mask).sum() / max(1, total_tokens)
             self.opt.zero_grad()
             loss.backward()
+            if frozen is not None and head.grad is not None:
+                head.grad[frozen] = 0.0
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
             self.opt.step()
+            if frozen is not None:
+                with torch.no_grad():
+                    head[frozen] = before
             with torch.no_grad():
                 m = mask.bool()
                 r = ratio[m]

@@ -20,6 +20,10 @@ CASES = {
                   ("I should write.", None, [("write", {"path": "a.txt", "content": "hé"})])),
     "broken_json": ("<tool_call>\n{not json}\n</tool_call>", True,
                     (None, "<tool_call>\n{not json}\n</tool_call>", [])),
+    # a name that is no string (sampled by the Claude Code GRPO policy: Claude Code crashed on the
+    # tool_use it became) is text, as in vLLM's hermes parser
+    "name_not_a_string": ('<tool_call>\n{"name": {"command": "Bash"}, "arguments": {}}\n</tool_call>', True,
+                          (None, '<tool_call>\n{"name": {"command": "Bash"}, "arguments": {}}\n</tool_call>', [])),
     "no_tools": ("Hi <tool_call>x</tool_call>", False, (None, "Hi x", [])),
     "partial_tag_text": ("a <tool", True, (None, "a <tool", [])),
 }

@@ -70,6 +70,8 @@ def _tool_calls(text: str) -> list[dict[str, str]] | None:
     for closed, open_ended in _TOOL_RE.findall(text):
         try:
             obj = json.loads(closed or open_ended)
+            if not isinstance(obj["name"], str):  # vLLM's FunctionCall(name: str) refuses it: text
+                return None
             calls.append({"name": obj["name"],
                           "arguments": json.dumps(obj.get("arguments", {}), ensure_ascii=False)})
         except (ValueError, KeyError, TypeError):
