@@ -126,10 +126,10 @@ def run(args: argparse.Namespace) -> dict:
         # one vLLM for both runs: started on the base policy, which each run reloads in place first
         probe = grpo_run.parser().parse_args(common)
         if codex:  # the base run.py builds for codex (cached by its stamp), and Codex's longer window
-            from examples.grpo.codex_base import build as build_codex_base
+            from examples.grpo import harness_base
 
-            base = build_codex_base(Path(f"{probe.base}-codex"), seed=args.seed, log=grpo_run.log,
-                                    target_p=probe.target_p if probe.target_p is not None else 0.3)
+            base = harness_base.build(harness_base.recipe("codex"), Path(f"{probe.base}-codex"), seed=args.seed,
+                                      log=grpo_run.log, target_p=probe.target_p if probe.target_p is not None else 0.3)
         else:
             base_dir = Path(probe.base) if probe.turns == 1 else Path(f"{probe.base}-turns{probe.turns}")
             target_p = probe.target_p if probe.target_p is not None else (0.3 if probe.turns == 1 else 0.6)

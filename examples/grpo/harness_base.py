@@ -6,8 +6,7 @@ unsure of the direction.
 
 One recipe, parametrised by a :class:`HarnessPromptTask` (``codex_task``, ``claude_task``: the
 pinned CLI's captured request as the gateway sends it upstream, its tool call, its tool result,
-its final text), the recipe ``codex_base.py`` measured on Codex (docs/rl.md, "Through the real
-Codex CLI"):
+its final text), the recipe measured on Codex (docs/rl.md, "Through the real Codex CLI"):
 
 0. *read*: the same chats without the tool schemas (~40-100 tokens) until the right direction has
    p >= HARD_P on every prompt (on the full prompts alone the head that must find the direction
@@ -21,11 +20,11 @@ Codex CLI"):
    pulled towards their mean until p(correct) averages ``--target-p``.
 
 The shared prompt runs once per step (``prefix_forward``). Each harness has its :class:`Recipe`
-(:data:`RECIPES`): its task, its stamp (what invalidates the cached model), the file the captured
-request is kept in. Codex's stamp is ``codex_base.stamp`` (so the model cached in
-``~/.cache/polar_mq/grpo/base-codex`` stays valid: this builder reproduces ``codex_base.build``
-weight for weight, tests/rl/test_harness_base.py compares the chats it trains on); a task with a
-``vary(messages, rng)`` (Claude Code: the date line) gets one variant per example.
+(:data:`RECIPES`): its task, its stamp (this module's, task.py's and the harness task's sources,
+the captured prompt, the tokenizer, seed and target: what invalidates the model cached in
+``~/.cache/polar_mq/grpo/base-<harness>``), the file the captured request is kept in, and any extra
+step (Claude Code's lift). A task with a ``vary(messages, rng)`` (Claude Code: the date line) gets
+one variant per example.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from examples.grpo.base_model import _tiny, untie  # noqa: E402
 from examples.grpo.prefix_forward import hidden_states  # noqa: E402
 from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
-# the recipe's constants are codex_base.py's (the codex recipe's stamp covers that file)
+# the recipe's constants (measured on Codex's prompt; docs/rl.md)
 FORMAT_P = 0.98
 FINAL_FORMAT_P = 0.97
 HARD_P = 0.9
@@ -297,20 +296,24 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
     return out
 
 
-def _codex() -> Recipe:
-    from examples.grpo import codex_base, codex_task
+def _stamp_for(name: str, harness_task: Any) -> Callable[[Path, dict, int, float], str]:
+    def stamp(tok_dir: Path, body: dict, seed: int, target_p: float) -> str:
+        return source_stamp(name, (sys.modules[__name__], task, harness_task), tok_dir, body,
+                            harness_task.prompt_key, seed, target_p)
+    return stamp
 
-    return Recipe("codex", codex_task, codex_base.stamp, "codex_request.json")
+
+def _codex() -> Recipe:
+    from examples.grpo import codex_task
+
+    return Recipe("codex", codex_task, _stamp_for("codex", codex_task), "codex_request.json")
 
 
 def _claude_code() -> Recipe:
     from examples.grpo import claude_task
 
-    def stamp(tok_dir: Path, body: dict, seed: int, target_p: float) -> str:
-        return source_stamp("claude_code", (sys.modules[__name__], task, claude_task), tok_dir, body,
-                            claude_task.prompt_key, seed, target_p)
-
-    return Recipe("claude_code", claude_task, stamp, "claude_code_request.json", any_direction_p=0.95)
+    return Recipe("claude_code", claude_task, _stamp_for("claude_code", claude_task), "claude_code_request.json",
+                  any_direction_p=0.95)
 
 
 RECIPES: dict[str, Callable[[], Recipe]] = {"codex": _codex, "claude_code": _claude_code}

@@ -1,6 +1,5 @@
 """The Claude Code path of the GRPO example without a model: the pinned Claude Code CLI's prompt
-under the example's configuration, the reply shapes, and the generalised base builder's codex
-recipe (the same stamp and training chats as codex_base.py, so the cached codex base stays valid).
+under the example's configuration, the reply shapes, and the trainer's ``head_rows`` option.
 
 ``claude_task.capture`` runs the real, unmodified ``claude`` binary against a local recorder and
 refuses a reduction that did not take effect (examples/grpo/claude_task.py); a scripted Anthropic
@@ -175,27 +174,6 @@ def test_one_session_is_two_model_calls_and_no_side_request(claude_body):
     call_id = messages[-2]["tool_calls"][0]["id"]
     expected[-2]["tool_calls"][0]["id"] = expected[-1]["tool_call_id"] = call_id
     assert claude_task.with_date(messages, "D") == claude_task.with_date(expected, "D")
-
-
-@needs_node
-def test_generalised_builder_keeps_the_codex_recipe():
-    """harness_base's codex recipe: codex_base's stamp and the very chats codex_base trains on, so
-    the model cached in ~/.cache/polar_mq/grpo/base-codex stays valid and is what it would build."""
-    from examples.grpo import codex_base, codex_task, harness_base
-    from polar_mq.dev.model_server.tokenizer import load_tokenizer
-
-    try:
-        install.install(["codex"], timeout=600)
-    except install.InstallError as exc:
-        pytest.skip(f"could not install codex from npm: {exc}")
-    body = codex_task.capture()
-    recipe = harness_base.recipe("codex")
-    tok_dir = Path(load_tokenizer().path)
-    assert recipe.stamp(tok_dir, body, 0, 0.3) == codex_base.stamp(tok_dir, body, 0, 0.3)
-    assert harness_base.chats(codex_task, body, 0) == codex_base.chats(body, 0)
-    for name in ("FORMAT_P", "FINAL_FORMAT_P", "HARD_P", "LR", "CHOICE_TOL", "MAX_LEARN_STEPS", "MAX_POSITIONS",
-                 "SECOND_TURNS"):
-        assert getattr(harness_base, name) == getattr(codex_base, name), name
 
 
 @pytest.mark.parametrize("head_rows", ["all", "sampled"])

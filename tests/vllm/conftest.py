@@ -62,6 +62,8 @@ def _cheap_vllm_present() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vllm: talks to a real vLLM server (CPU build, tiny local model)")
+    config.addinivalue_line("markers", "grpo_base(harness): trains from that CLI harness's GRPO base policy "
+                            "(examples/grpo/harness_base.py), built in the background once collection is done")
 
 
 # ---- served models and early starts ------------------------------------------------------------
@@ -144,10 +146,66 @@ def _needed(items) -> list[str]:
     return kinds
 
 
+# harness -> (its base build, log path, start time): started at collection for the selected tests
+# marked grpo_base(harness), waited for by them (_wait_for_base)
+_BASES: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+
+
+def _bases_needed(items) -> list[str]:
+    out: list[str] = []
+    for it in items:
+        mark = it.get_closest_marker("grpo_base")
+        if mark is not None and not it.get_closest_marker("skip") and mark.args[0] not in out:
+            out.append(mark.args[0])
+    return out
+
+
+def _start_base_builds(items, config) -> None:
+    """The CLI harnesses' GRPO base policies (~5 min each from a clean cache: a tiny model trained on
+    the CLI's captured prompt) build at nice 19 while the rest of the suite runs, as the vLLM servers
+    start; a cached one is a stamp check. Its test waits for it (a failed build is rebuilt, and
+    reported, by the test's own run)."""
+    import tempfile
+
+    cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
+    for harness in _bases_needed(items):
+        log = Path(tempfile.mkdtemp(prefix="polar-grpo-base-")) / f"{harness}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "examples.grpo.harness_base", "--harness", harness,
+                                     "--out", str(cache / "grpo" / f"base-{harness}")], stdout=fh,
+                                    stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True,
+                                    preexec_fn=lambda: os.nice(19),
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                        [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+        _BASES[harness] = (proc, log, time.time())
+        config.add_cleanup(lambda proc=proc: _terminate(proc))
+
+
+@pytest.fixture(autouse=True)
+def _wait_for_base(request):
+    mark = request.node.get_closest_marker("grpo_base")
+    if mark is not None and mark.args[0] in _BASES:
+        proc, log, t0 = _BASES[mark.args[0]]
+        t = time.time()
+        try:
+            proc.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            _terminate(proc)
+        TIMINGS.setdefault(f"{mark.args[0]} base built", time.time() - t0)
+        TIMINGS.setdefault(f"{mark.args[0]} base waited", time.time() - t)
+        if proc.returncode != 0:
+            sys.stderr.write(f"[grpo base] background build of {mark.args[0]} failed ({proc.returncode}); the "
+                             f"test builds it: {log.read_text(errors='replace')[-2000:]}\n")
+    yield
+
+
 def pytest_collection_finish(session):
-    """Start the servers the selected tests need now, in the background (see the module doc)."""
+    """Start the servers the selected tests need now, in the background (see the module doc), and
+    the GRPO base policies of the selected grpo_base tests."""
     if os.environ.get("POLAR_VLLM_EARLY", "1") == "0" or session.config.option.collectonly:
         return
+    if _cheap_vllm_present():
+        _start_base_builds(session.items, session.config)
     kinds = _needed(session.items)
     if not kinds or not _cheap_vllm_present():
         return

@@ -123,6 +123,7 @@ def test_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
     assert verdict["passed"], (rewards, verdict)
 
 
+@pytest.mark.grpo_base("codex")
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_codex_mean_reward_rises_over_grpo_steps(tmp_path, monkeypatch, shared_vllm):
@@ -267,6 +268,7 @@ def test_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, shared
     assert (out / "ablation.png").stat().st_size > 10_000
 
 
+@pytest.mark.grpo_base("codex")
 @pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
@@ -297,6 +299,7 @@ def test_codex_ablation_per_request_trains_on_every_call(tmp_path, monkeypatch, 
     assert (out / "ablation.png").stat().st_size > 10_000
 
 
+@pytest.mark.grpo_base("codex")
 @pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
@@ -330,6 +333,7 @@ def test_codex_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
 CLAUDE_STEPS = 6
 
 
+@pytest.mark.grpo_base("claude_code")
 @pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.timeout(900)
