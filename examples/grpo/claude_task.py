@@ -27,17 +27,14 @@ tests/rl/test_claude_task.py.
 
 from __future__ import annotations
 
-import http.server
 import json
 import random
 import re
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from examples.grpo import task
+from examples.grpo.cli_capture import run_against_recorder
 
 HERE = Path(__file__).resolve().parent
 INSTRUCTIONS = HERE / "claude_instructions.md"
@@ -117,29 +114,6 @@ def vary(messages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, A
     return with_date(messages, random_date(rng))
 
 
-class _Capture(http.server.BaseHTTPRequestHandler):
-    requests: list[tuple[str, str, bytes]]
-
-    def do_HEAD(self) -> None:  # Claude Code's connectivity probe
-        type(self).requests.append(("HEAD", self.path, b""))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def do_POST(self) -> None:
-        n = int(self.headers.get("content-length") or 0)
-        type(self).requests.append(("POST", self.path, self.rfile.read(n)))
-        data = b'{"type":"error","error":{"type":"invalid_request_error","message":"captured by examples.grpo.claude_task"}}'
-        self.send_response(400)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def capture(instruction: str = "Move the cursor up.", timeout: float = 120.0) -> dict[str, Any]:
     """Run the pinned Claude Code CLI with the harness's configuration + :data:`ARGS` / :data:`ENV`
     against a local server that records the request (and answers 400, so the CLI stops); its first
@@ -148,24 +122,16 @@ def capture(instruction: str = "Move the cursor up.", timeout: float = 120.0) ->
     from polar_mq.harnesses.claude_code import PACKAGE, configure
     from polar_mq.harnesses.npm import resolve_bin
 
-    handler = type("Capture", (_Capture,), {"requests": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with tempfile.TemporaryDirectory(prefix="grpo-claude-capture-") as tmp:
-            home, work = Path(tmp) / "home", Path(tmp) / "work"
-            home.mkdir()
-            work.mkdir()
-            launch = configure(home, {"anthropic": url}, "capture-key", "policy", instruction,
-                               bin=str(resolve_bin(PACKAGE, {})))
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **launch.env, **ENV}
-            proc = subprocess.run(launch.argv + extra_args(), cwd=work, env=env, capture_output=True,
-                                  text=True, timeout=timeout)
-    finally:
-        server.shutdown()
-        server.server_close()
-    posts = [(path, body) for method, path, body in handler.requests if method == "POST"]
+    def launch(url: str, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
+        cli = configure(home, {"anthropic": url}, "capture-key", "policy", instruction,
+                        bin=str(resolve_bin(PACKAGE, {})))
+        return cli.argv + extra_args(), {"PATH": "/usr/local/bin:/usr/bin:/bin", **cli.env, **ENV}
+
+    got = run_against_recorder(launch, b'{"type":"error","error":{"type":"invalid_request_error",'
+                                       b'"message":"captured by examples.grpo.claude_task"}}', timeout)
+    assert got.proc is not None
+    proc = got.proc
+    posts = got.posts()
     if not posts:
         raise RuntimeError(f"Claude Code sent no request (exit {proc.returncode}): {proc.stderr[-2000:]}")
     if len(posts) != 1 or not posts[0][0].startswith("/v1/messages"):

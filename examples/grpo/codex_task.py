@@ -22,16 +22,13 @@ Guarded by tests/rl/test_codex_task.py.
 
 from __future__ import annotations
 
-import http.server
 import json
 import random
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from examples.grpo import task
+from examples.grpo.cli_capture import run_against_recorder
 
 HERE = Path(__file__).resolve().parent
 INSTRUCTIONS = HERE / "codex_instructions.md"
@@ -106,28 +103,6 @@ def second_turn(body: dict[str, Any], instruction: str, direction: str, rng: ran
                               "content": tool_output(rng)}], tools
 
 
-class _Capture(http.server.BaseHTTPRequestHandler):
-    bodies: list[bytes]
-
-    def do_GET(self) -> None:  # the WebSocket probe: refuse, Codex falls back to POST
-        self.send_response(426)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def do_POST(self) -> None:
-        n = int(self.headers.get("content-length") or 0)
-        type(self).bodies.append(self.rfile.read(n))
-        data = b'{"error":{"message":"captured by examples.grpo.codex_task","type":"invalid_request_error"}}'
-        self.send_response(400)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def capture(instruction: str = "Move the cursor up.", timeout: float = 120.0) -> dict[str, Any]:
     """Run the pinned Codex CLI with the harness's config + :data:`OVERRIDES` against a local
     server that records the request (and answers 400, so Codex stops); its first request body."""
@@ -135,29 +110,20 @@ def capture(instruction: str = "Move the cursor up.", timeout: float = 120.0) ->
     from polar_mq.harnesses.npm import resolve_bin
     from polar_mq.harnesses.codex import PACKAGE
 
-    handler = type("Capture", (_Capture,), {"bodies": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with tempfile.TemporaryDirectory(prefix="grpo-codex-capture-") as tmp:
-            home, work = Path(tmp) / "home", Path(tmp) / "work"
-            home.mkdir()
-            work.mkdir()
-            launch = configure(home, {"openai": url}, "capture-key", "policy", instruction,
-                               bin=str(resolve_bin(PACKAGE, {})))
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **launch.env}
-            proc = subprocess.run(launch.argv + extra_args(), cwd=work, env=env, capture_output=True,
-                                  text=True, timeout=timeout)
-        if not handler.bodies:
-            raise RuntimeError(f"Codex sent no request (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        ignored = [line.strip() for line in proc.stderr.splitlines() if "session-flags" in line and "ignored" in line]
-        if ignored:
-            raise RuntimeError(f"Codex ignored part of the configuration: {ignored}")
-        return json.loads(handler.bodies[0])
-    finally:
-        server.shutdown()
-        server.server_close()
+    def launch(url: str, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
+        cli = configure(home, {"openai": url}, "capture-key", "policy", instruction, bin=str(resolve_bin(PACKAGE, {})))
+        return cli.argv + extra_args(), {"PATH": "/usr/local/bin:/usr/bin:/bin", **cli.env}
+
+    got = run_against_recorder(launch, b'{"error":{"message":"captured by examples.grpo.codex_task",'
+                                       b'"type":"invalid_request_error"}}', timeout)
+    assert got.proc is not None
+    posts = got.posts()
+    if not posts:
+        raise RuntimeError(f"Codex sent no request (exit {got.proc.returncode}): {got.proc.stderr[-2000:]}")
+    ignored = [line.strip() for line in got.proc.stderr.splitlines() if "session-flags" in line and "ignored" in line]
+    if ignored:
+        raise RuntimeError(f"Codex ignored part of the configuration: {ignored}")
+    return json.loads(posts[0][1])
 
 
 def prompt_key(body: dict[str, Any]) -> dict[str, Any]:
