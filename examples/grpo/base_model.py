@@ -31,6 +31,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -207,14 +208,7 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, turns: int
             _, p_corr, fmt_min = losses()
         return float(p_corr.mean()), p_corr, fmt_min
 
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if at(mid)[0] < target_p:
-            lo = mid
-        else:
-            hi = mid
-    alpha = (lo + hi) / 2
+    alpha = soften_alpha(lambda a: at(a)[0], target_p, iterations=40)
     mean_p, p_corr, fmt_min = at(alpha)
     with torch.no_grad():
         logits, _ = tiny._reply_logits(model, inp1, attn1, lab1)
@@ -230,6 +224,20 @@ def build(out: Path, seed: int = 0, target_p: float = 0.3, log=print, turns: int
     (out / "grpo_base.json").write_text(json.dumps(info, indent=2))
     log(f"base model -> {out} {info}")
     return out
+
+
+def soften_alpha(mean_p_at: Callable[[float], float], target_p: float, iterations: int = 30) -> float:
+    """The alpha in [0, 1] at which the four direction rows, pulled towards their mean
+    (``centre + alpha * (row - centre)``), give p(correct) ``target_p`` on average: bisection, since
+    p(correct) rises with alpha (at 0 the four are one row)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if mean_p_at(mid) < target_p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def main(argv: list[str] | None = None) -> int:

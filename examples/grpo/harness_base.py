@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.grpo import task  # noqa: E402
-from examples.grpo.base_model import _tiny, untie  # noqa: E402
+from examples.grpo.base_model import _tiny, soften_alpha, untie  # noqa: E402
 from examples.grpo.prefix_forward import hidden_states  # noqa: E402
 from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 
@@ -245,14 +245,7 @@ def build(recipe: Recipe, out: Path, seed: int = 0, target_p: float = 0.3, log=p
         return float(p_corr.mean()), p_corr, fmt_min, logits
 
     def soften() -> float:
-        lo, hi = 0.0, 1.0
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if at(mid)[0] < target_p:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
+        return soften_alpha(lambda a: at(a)[0], target_p, iterations=30)
 
     alpha = soften()
     lifted = None
