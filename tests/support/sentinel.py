@@ -68,6 +68,22 @@ class SentinelCluster:
         node.proc.wait()
         return node
 
+    def fail_over(self, r: redis.Redis, timeout: float = 30.0) -> None:
+        """kill -9 the primary; `r` (a client on the cluster's URL) must write on the new one and
+        read what it wrote before, within `timeout`."""
+        r.set("pmq:before-failover", "1")
+        old = self.kill_primary()
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if r.set("pmq:after-failover", "1") and r.get("pmq:before-failover") == b"1":
+                    break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+                pass
+            assert time.time() < deadline, "the client did not follow the failover"
+            time.sleep(0.2)
+        assert self.primary_port() != old.port
+
     def wait_ready(self, replicas: int, timeout: float = 30.0) -> None:
         """Every sentinel knows the replicas and the other sentinels, and the replicas are in sync."""
         deadline = time.time() + timeout
