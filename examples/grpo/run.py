@@ -74,7 +74,7 @@ CODEX_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 3.0, "epochs"
 # CLI"): SGD at 2.0, only the LM-head rows of tokens sampled in the batch move.
 CLAUDE_TRAINER = {"trainable": "lm_head", "optimizer": "sgd", "lr": 2.0, "epochs": 8, "head_rows": "sampled"}
 CLI_TRAINERS = {"codex": CODEX_TRAINER, "claude_code": CLAUDE_TRAINER}
-CODEX_TRL_LR = 3e-3  # TRL keeps its AdamW: 1e-2 broke Codex's tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
+CLI_TRL_LR = 3e-3  # TRL keeps its AdamW: 1e-2 broke Codex's tool-call format within 1-4 steps (docs/rl.md, "Codex + TRL")
 HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
@@ -220,8 +220,6 @@ def run(args: argparse.Namespace) -> dict:
     codex = cli is not None
     if codex and args.turns != 1:
         raise SystemExit(f"harness {args.harness}: the one-instruction task only (docs/rl.md)")
-    if args.harness == "claude_code" and args.trainer != "polar":
-        raise SystemExit("harness claude_code: --trainer polar only (TRL through Claude Code is not built; docs/rl.md)")
     defaults: dict = cli or {}
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
@@ -231,7 +229,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.optimizer is None:  # the polar trainer's; TRL keeps its own AdamW
         args.optimizer = defaults.get("optimizer", "adamw")
     if args.lr is None:
-        args.lr = (CODEX_TRL_LR if args.trainer == "trl" else defaults["lr"]) if codex else 2e-3
+        args.lr = (CLI_TRL_LR if args.trainer == "trl" else defaults["lr"]) if codex else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:

@@ -144,9 +144,12 @@ def train(args: Any, client: Any, server: Any, out: Path, wdir: Path, template: 
     target = {r["instruction"]: r["metadata"]["target"] for r in rows}
     state: dict[str, Any] = {"version": 0, "t_step": time.time(), "rows": [], "pending": None}
 
+    # Claude Code re-asks after a reply it shows as empty (a broken tool call): a side conversation,
+    # a second trace of the session; TRL takes the main one (docs/rl.md, "Through the real Claude Code CLI")
     rollout = PolarRollout(client, template, metadata=lambda p: {"target": target[p]},
                            policy_version=lambda trainer: state["version"], timeout=args.step_timeout,
-                           eos_token_id=tok.eos_token_id)
+                           eos_token_id=tok.eos_token_id,
+                           multi_trace="main" if getattr(args, "harness", "") == "claude_code" else "error")
 
     def sampled(prompts: list, trainer: Any) -> dict:
         t0 = time.time()
