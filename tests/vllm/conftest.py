@@ -191,7 +191,7 @@ def _wait_for_base(request):
             proc.wait(timeout=1800)
         except subprocess.TimeoutExpired:
             _terminate(proc)
-        TIMINGS.setdefault(f"{mark.args[0]} base built", time.time() - t0)
+        TIMINGS.setdefault(f"{mark.args[0]} base launched", time.time() - t0)  # start -> first use, as for the servers
         TIMINGS.setdefault(f"{mark.args[0]} base waited", time.time() - t)
         if proc.returncode != 0:
             sys.stderr.write(f"[grpo base] background build of {mark.args[0]} failed ({proc.returncode}); the "
