@@ -106,8 +106,6 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.vllm_policy import PolicyServer, copy_weights
     from polar_mq.cli.embedded_redis import free_port
 
-    if args.harness in grpo_run.NOT_BUILT:
-        raise SystemExit(grpo_run.NOT_BUILT[args.harness])
     codex = args.harness == "codex"
     if args.turns is None:
         args.turns = 1 if codex else 3  # Codex's session is two calls already (tool call, final text)

@@ -31,7 +31,7 @@ tests/vllm/test_grpo_vllm.py::test_codex_mean_reward_rises_over_grpo_steps) and 
 pinned, unmodified Claude Code CLI with ``claude_task.ARGS`` / ``ENV``: its own Bash tool over
 Anthropic Messages; docs/rl.md, "Through the real Claude Code CLI"; its trainer ``CLAUDE_TRAINER``:
 SGD on the LM head). Both take their base policy from ``harness_base.py``. ``--trainer trl``: TRL's GRPOTrainer on
-the same rollouts and weight sync (``trl_loop.py``; shell and codex, with codex the LM head only).
+the same rollouts and weight sync (``trl_loop.py``; with a CLI harness the LM head only).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from examples.grpo.vllm_policy import PolicyServer, copy_weights, sync  # noqa: 
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
 CODEX_MAX_MODEL_LEN = 4096  # Codex's prompt is ~950 tokens, ~1.1k at its second call
-CLI_HARNESSES = ("codex", "claude_code")  # a pinned real CLI, its base policy from harness_base.py
 
 
 def log(msg: str) -> None:
@@ -78,32 +77,21 @@ CLI_TRL_LR = 3e-3  # TRL keeps its AdamW: 1e-2 broke Codex's tool-call format wi
 HARNESSES = ("codex", "claude_code", "shell")
 TRAINERS = ("polar", "trl")
 BUILDERS = ("prefix_merging", "per_request")
-NOT_BUILT: dict[str, str] = {}
 
 
 def template(timeout: int = 180, builder: str = "prefix_merging", harness: str = "shell",
              agent: Path = AGENT) -> dict:
-    """The TaskRequest every dataset row is merged into. ``codex``: the pinned Codex CLI with the
-    configuration overrides of ``codex_task.OVERRIDES`` (short instructions, optional tools off),
-    sampling at temperature 1 (Codex sends none), graded on the ``answer.txt`` its tool call wrote."""
-    if harness == "codex":
-        from examples.grpo import codex_task
+    """The TaskRequest every dataset row is merged into. ``codex`` / ``claude_code``: the pinned CLI
+    with its configuration reductions (``codex_task.OVERRIDES``, ``claude_task.ARGS`` / ``ENV``),
+    sampling at temperature 1 (the CLIs send none), graded on the ``answer.txt`` its tool call wrote."""
+    if harness in CLI_TRAINERS:
+        from examples.grpo import claude_task, codex_task
 
+        options: dict = {"extra_args": codex_task.extra_args()} if harness == "codex" else \
+            {"extra_args": claude_task.extra_args(), "env": dict(claude_task.ENV)}
         return {
             "timeout_seconds": timeout,
-            "agent": {"harness": "codex", "model": "policy", "options": {"extra_args": codex_task.extra_args()},
-                      "sampling": {"temperature": 1.0, "max_tokens": 64}},
-            "runtime": {"backend": "local"},
-            "builder": {"strategy": builder},
-            "grader": {"strategy": "examples.grpo.grader:AnswerGrader", "config": {"timeout_seconds": 60}},
-        }
-    if harness == "claude_code":  # the pinned Claude Code CLI, claude_task.ARGS / ENV (docs/rl.md)
-        from examples.grpo import claude_task
-
-        return {
-            "timeout_seconds": timeout,
-            "agent": {"harness": "claude_code", "model": "policy",
-                      "options": {"extra_args": claude_task.extra_args(), "env": dict(claude_task.ENV)},
+            "agent": {"harness": harness, "model": "policy", "options": options,
                       "sampling": {"temperature": 1.0, "max_tokens": 64}},
             "runtime": {"backend": "local"},
             "builder": {"strategy": builder},
@@ -216,40 +204,36 @@ def run(args: argparse.Namespace) -> dict:
     from examples.grpo.base_model import build as build_base
     from examples.grpo.report import reopen_command, write_report
 
-    cli = CLI_TRAINERS.get(args.harness)  # a pinned real CLI: its trainer defaults, the one-instruction task
-    codex = cli is not None
-    if codex and args.turns != 1:
+    on_cli = args.harness in CLI_TRAINERS  # a pinned real CLI: its trainer defaults, the one-instruction task
+    if on_cli and args.turns != 1:
         raise SystemExit(f"harness {args.harness}: the one-instruction task only (docs/rl.md)")
-    defaults: dict = cli or {}
+    defaults: dict = CLI_TRAINERS.get(args.harness, {})
     if args.policy == "smollm2" and args.harness != "shell":
         raise SystemExit("policy smollm2: harness shell only (its chat template has no tool-call format; docs/rl.md)")
-    # per-harness defaults (docs/rl.md, "Through the real Codex CLI"): CODEX_TRAINER for codex
+    # per-harness defaults: CLI_TRAINERS for the CLIs (docs/rl.md)
     if args.trainable is None:
         args.trainable = defaults.get("trainable", "all")
     if args.optimizer is None:  # the polar trainer's; TRL keeps its own AdamW
         args.optimizer = defaults.get("optimizer", "adamw")
     if args.lr is None:
-        args.lr = (CLI_TRL_LR if args.trainer == "trl" else defaults["lr"]) if codex else 2e-3
+        args.lr = (CLI_TRL_LR if args.trainer == "trl" else defaults["lr"]) if on_cli else 2e-3
     if args.kl_coef is None:
         args.kl_coef = 0.0
     if args.epochs is None:
         args.epochs = defaults.get("epochs", 4)
-    args.lr_by_groups = args.lr_by_groups or codex
+    args.lr_by_groups = args.lr_by_groups or on_cli
     if args.adam_eps is None:
         args.adam_eps = 1e-8
     if args.head_rows is None:
         args.head_rows = defaults.get("head_rows", "all")
-    for name in (args.harness, args.trainer):
-        if name in NOT_BUILT:
-            raise SystemExit(NOT_BUILT[name])
-    if args.trainer == "trl" and args.builder == "per_request" and (args.turns > 1 or codex):  # Codex: 2 calls
+    if args.trainer == "trl" and args.builder == "per_request" and (args.turns > 1 or on_cli):  # a CLI: 2 calls
         raise SystemExit("trainer trl takes one completion per sample: a multi-call session under per_request is "
                          "several traces (polar_mq/rl/trainers/trl.py); use --builder prefix_merging or --trainer polar")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
     (out / "weights").mkdir(parents=True)
-    if args.harness in CLI_HARNESSES:
+    if args.harness in CLI_TRAINERS:
         from examples.grpo import harness_base
 
         log(f"capturing {args.harness}'s prompt (the pinned CLI against a local recorder) …")
@@ -273,7 +257,7 @@ def run(args: argparse.Namespace) -> dict:
         log(f"attached to vLLM at {server.url}; base weights loaded in place in {t_start:.2f}s")
     else:
         server = PolicyServer(wdir, out / "logs" / "vllm.log", free_port(), threads=args.vllm_threads,
-                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness in CLI_HARNESSES else None)
+                              max_model_len=CODEX_MAX_MODEL_LEN if args.harness in CLI_TRAINERS else None)
         log(f"starting vLLM on {wdir} …")
         t_start = server.start()
         log(f"vLLM ready in {t_start:.0f}s at {server.url}")
@@ -281,7 +265,7 @@ def run(args: argparse.Namespace) -> dict:
            "POLAR_LOG_DIR": str(out / "logs"), "POLAR_SESSIONS_DIR": str(out / "sessions"),
            "POLAR_RESULTS_DIR": str(out / "results"), "POLAR_HOME": str(out / "home"),
            "OMP_NUM_THREADS": "1"}
-    if args.harness in CLI_HARNESSES:
+    if args.harness in CLI_TRAINERS:
         # TITO: the CLI's second call goes upstream as the first call's ids + the sampled ids + the
         # rendered tool result, so prefix_merging gets one exact trace per session
         env["POLAR_TOKENIZER"] = str(base / "tokenizer")

@@ -136,7 +136,7 @@ class PolicyTrainer:
         if self.head_rows == "sampled":
             head = self.model.lm_head.weight
             frozen = torch.ones(head.shape[0], dtype=torch.bool)
-            frozen[torch.tensor(sorted({t for s in samples for t, m in zip(s.response_ids, s.loss_mask) if m}))] = False
+            frozen[torch.tensor(sorted({t for s in samples for t, m in zip(s.response_ids, s.loss_mask) if m}), dtype=torch.long)] = False
             before = head.detach()[frozen].clone()
         for chunk in chunks:
             if not chunk:
