@@ -39,7 +39,8 @@ def simulate(args: argparse.Namespace, seed: int, log=print) -> list[float]:
     prompts = [ids[:n_p] for ids, n_p in tiny.examples(tok, first)]
     eos = tok.eos_token_id
     tr = PolicyTrainer(Path(args.base), lr=args.lr, clip_eps=args.clip, minibatches=args.minibatches,
-                       epochs=args.epochs, seed=seed, optimizer=args.optimizer)
+                       epochs=args.epochs, seed=seed, optimizer=args.optimizer, trainable=args.trainable,
+                       head_rows=args.head_rows)
     m = tr.model
 
     def next_logp(seqs: list[list[int]]):
@@ -77,7 +78,7 @@ def simulate(args: argparse.Namespace, seed: int, log=print) -> list[float]:
             rewards_all += rewards
             if max(rewards) == min(rewards):
                 continue
-            for (resp, lps, r), a in zip(group, group_advantages(rewards, "mean_std")):
+            for (resp, lps, r), a in zip(group, group_advantages(rewards, args.advantage)):
                 samples.append(TrainSample(prompts[gi], resp, [1, 1], lps, r, a or 0.0, str(gi), "s"))
         used = len({s.group_id for s in samples})
         st = tr.step(samples, lr_scale=used / args.prompts if args.lr_by_groups else 1.0)
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                          "SE) and the older first-vs-last one (report.rise_beyond_noise)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--optimizer", default="adamw")
+    ap.add_argument("--trainable", choices=["all", "lm_head"], default="all")
+    ap.add_argument("--head-rows", choices=["all", "sampled"], default="all")
+    ap.add_argument("--advantage", choices=["mean_std", "leave_one_out"], default="mean_std")
     ap.add_argument("--minibatches", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--clip", type=float, default=0.2)
