@@ -1,14 +1,16 @@
-"""Offline proxy of the codex GRPO loop (``--harness codex``), for comparing trainer settings on
-several seeds in minutes instead of one real run per 4 minutes: the base policy samples turn 1 of
-Codex's session (the hermes tool call) at temperature 1 in torch, on Codex's captured prompt (the
-base's ``codex_request.json``); the reward is the grader's rule (a well-formed ``exec_command``
-call whose ``cmd`` writes the instruction's direction to answer.txt); ``PolicyTrainer`` trains
-with the codex defaults (``run.CODEX_TRAINER``: the LM head, SGD 3.0 x 8 epochs; clip 0.2, lr by groups).
+"""Offline proxy of the GRPO loop through a CLI (``--harness codex|claude_code``), for comparing
+trainer settings on many seeds in minutes instead of one real run per 4-7 minutes: the base policy
+samples turn 1 of the CLI's session (the hermes tool call) at temperature 1 in torch, on the CLI's
+captured prompt (the base's ``<harness>_request.json``); the reward is the grader's rule (a
+well-formed call of the CLI's tool whose command writes the instruction's direction to
+answer.txt); ``PolicyTrainer`` trains with the harness's defaults (``run.CLI_TRAINERS``: the LM
+head, plain SGD, clip 0.2, lr by groups; Claude Code's ``head_rows`` sampled).
 
-    python -m examples.grpo.codex_sim [--base DIR] [--seeds 4] [--steps 6] [--optimizer sgd|adamw] [--lr ..] ...
+    python -m examples.grpo.cli_sim [--harness codex|claude_code] [--base DIR] [--seeds 4] [--steps 6] \
+        [--optimizer sgd|adamw] [--lr ..] [--prompts 4] ...
 
 Per step it prints the mean reward and the fraction of well-formed tool calls (the format: a
-collapse is that fraction falling towards 0). Not the real loop: no Codex, no vLLM, no turn 2
+collapse is that fraction falling towards 0). Not the real loop: no CLI, no vLLM, no turn 2
 (``Done.``) in the trained tokens; its choice of settings is confirmed by the real runs.
 """
 
@@ -26,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.grpo import codex_task, task  # noqa: E402
+from examples.grpo import harness_base, task  # noqa: E402
 from examples.grpo.base_model import _tiny  # noqa: E402
-from examples.grpo.run import CODEX_TRAINER  # noqa: E402
+from examples.grpo.run import CLI_TRAINERS  # noqa: E402
 from examples.grpo.trainer import PolicyTrainer  # noqa: E402
 from polar_mq.dev.model_server.tokenizer import load_tokenizer  # noqa: E402
 from polar_mq.rl.advantages import group_advantages  # noqa: E402
@@ -36,37 +38,50 @@ from polar_mq.rl.trainers.samples import TrainSample  # noqa: E402
 
 CALL = re.compile(r"^<tool_call>\s*(\{.*\})\s*</tool_call>\s*$", re.S)
 CMD = re.compile(r"^\s*echo\s+(\S+)\s*>\s*answer\.txt\s*$")
+REMINDER_END = "</system-reminder>\n"  # Claude Code's context reminder before the task in its user message
 
 
-def verdict(text: str, direction: str) -> tuple[bool, float]:
-    """(well-formed tool call, reward) of a turn-1 reply."""
+def verdict(t, text: str, direction: str) -> tuple[bool, float]:
+    """(well-formed tool call, reward) of a turn-1 reply, for the harness task ``t``: a call of
+    ``t.TOOL`` with the one argument ``t.tool_call`` has (codex ``cmd``, Claude Code ``command``)."""
     m = CALL.match(text)
     if not m:
         return False, 0.0
+    (arg,) = json.loads(t.tool_call(direction)["tool_calls"][0]["function"]["arguments"])
     try:
         call = json.loads(m.group(1))
         args = call["arguments"]
         args = json.loads(args) if isinstance(args, str) else args
-        cmd = args["cmd"]
+        cmd = args[arg]
     except (ValueError, KeyError, TypeError):
         return False, 0.0
-    if call.get("name") != codex_task.TOOL or not isinstance(cmd, str):
+    if call.get("name") != t.TOOL or not isinstance(cmd, str):
         return False, 0.0
     c = CMD.match(cmd)
     return True, 1.0 if c and c.group(1) == direction else 0.0
 
 
-def prompts(base: Path, tok) -> list[tuple[list[int], str]]:
-    """(prompt ids, right direction) of every (direction, phrase) instruction on Codex's prompt."""
-    key = json.loads((base / "codex_request.json").read_text())
-    tiny = _tiny()
+def with_instruction(content: str, instruction: str) -> str:
+    """The captured user message with its task replaced (after Claude Code's reminder, if any)."""
+    head, sep, _ = content.rpartition(REMINDER_END)
+    return head + sep + instruction if sep else instruction
+
+
+def prompts(recipe: harness_base.Recipe, base: Path, tok, seed: int) -> list[tuple[list[int], str]]:
+    """(prompt ids, right direction) of every (direction, phrase) instruction on the CLI's captured
+    prompt, varied as the base policy was trained (Claude Code: a random date)."""
+    key = json.loads((base / recipe.request_file).read_text())
+    t, tiny, rng = recipe.task, _tiny(), random.Random(seed)
+    vary = getattr(t, "vary", None)
     out = []
     for d in task.DIRECTIONS:
         for p in range(len(task.PHRASES)):
             messages = [dict(m) for m in key["messages"]]
             user = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            messages[user[0]]["content"] = task.instruction(d, p)
-            ids, n_p = tiny.examples(tok, [(messages, key["tools"], codex_task.tool_call(d))])[0]
+            messages[user[0]]["content"] = with_instruction(messages[user[0]]["content"], task.instruction(d, p))
+            if vary is not None:
+                messages = vary(messages, rng)
+            ids, n_p = tiny.examples(tok, [(messages, key["tools"], t.tool_call(d))])[0]
             out.append((ids[:n_p], d))
     return out
 
@@ -78,10 +93,12 @@ def simulate(args: argparse.Namespace, seed: int, log=print) -> list[tuple[float
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tok = load_tokenizer()
-    rows = prompts(Path(args.base), tok)
+    recipe = harness_base.recipe(args.harness)
+    rows = prompts(recipe, Path(args.base), tok, seed)
     eos = tok.eos_token_id
     tr = PolicyTrainer(Path(args.base), lr=args.lr, clip_eps=args.clip, minibatches=1, epochs=args.epochs,
-                       seed=seed, optimizer=args.optimizer, trainable="lm_head", adam_eps=args.adam_eps)
+                       seed=seed, optimizer=args.optimizer, trainable="lm_head", adam_eps=args.adam_eps,
+                       head_rows=args.head_rows)
     m = tr.model
     by_dir = {d: [i for i, (_, a) in enumerate(rows) if a == d] for d in task.DIRECTIONS}
     out = []
@@ -107,7 +124,7 @@ def simulate(args: argparse.Namespace, seed: int, log=print) -> list[tuple[float
                     if t == eos:
                         break
                 lp = [float(lps[j, k, t]) for k, t in enumerate(resp)]
-                ok, r = verdict(tok.decode(resp[:-1] if resp[-1] == eos else resp), d)
+                ok, r = verdict(recipe.task, tok.decode(resp[:-1] if resp[-1] == eos else resp), d)
                 group.append((resp, lp, r))
                 formed.append(ok)
             rs = [x[2] for x in group]
@@ -129,19 +146,26 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polar_mq")
-    ap.add_argument("--base", default=str(cache / "grpo" / "base-codex"))
+    ap.add_argument("--harness", choices=sorted(CLI_TRAINERS), default="codex")
+    ap.add_argument("--base", default=None, help="default: the cached base policy run.py builds for the harness")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--lr", type=float, default=CODEX_TRAINER["lr"])
-    ap.add_argument("--epochs", type=int, default=CODEX_TRAINER["epochs"])
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--clip", type=float, default=0.2)
-    ap.add_argument("--optimizer", default=CODEX_TRAINER["optimizer"])
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default=None)
+    ap.add_argument("--head-rows", choices=["all", "sampled"], default=None)
     ap.add_argument("--adam-eps", type=float, default=1e-8)
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args(argv)
+    defaults = CLI_TRAINERS[args.harness]  # the harness's trainer in run.py, unless overridden
+    args.base = args.base or str(cache / "grpo" / f"base-{args.harness}")
+    for name in ("lr", "epochs", "optimizer", "head_rows"):
+        if getattr(args, name) is None:
+            setattr(args, name, defaults.get(name, "all"))
     import torch
     torch.set_num_threads(1)
     from examples.grpo.report import learnt
@@ -153,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         passed += v["passed"]
         print(f"seed {seed}: reward {' '.join(f'{r:.2f}' for r, _ in res)} | well-formed "
               f"{' '.join(f'{f:.2f}' for _, f in res)} | learnt {v['passed']}", flush=True)
-    print(f"{args.optimizer} lr {args.lr} x {args.epochs} epochs: learnt in {passed} of {args.seeds} seeds", flush=True)
+    print(f"{args.harness}: {args.optimizer} lr {args.lr} x {args.epochs} epochs: learnt in {passed} of {args.seeds} seeds", flush=True)
     return 0
 
 
