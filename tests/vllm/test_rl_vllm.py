@@ -104,13 +104,18 @@ def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
     body = {"model": SERVED, "max_tokens": 6000, "ignore_eos": True, "logprobs": True,
             "return_token_ids": True, "messages": [{"role": "user", "content": content}]}
     out: dict = {}
+    t0 = time.monotonic()
     t = threading.Thread(target=lambda: out.setdefault("r", post(body, request_id)))
     t.start()
     time.sleep(1.0)
+    aborts = []  # (seconds after the request, status) of every abort sent: the failure message's
     while t.is_alive():
-        requests.post(url + "/abort_requests", json={"request_ids": [f"chatcmpl-{request_id}"]}, timeout=30)
+        r = requests.post(url + "/abort_requests", json={"request_ids": [f"chatcmpl-{request_id}"]}, timeout=30)
+        aborts.append((round(time.monotonic() - t0, 2), r.status_code))
         t.join(0.3)
-    return out["r"]
+    answer = out["r"]
+    answer["_test"] = {"url": url, "answered_after_s": round(time.monotonic() - t0, 2), "aborts": aborts}
+    return answer
 
 
 def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, standin_url, log_dir):
@@ -132,10 +137,13 @@ def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, standin_url, lo
                                     "polar:long Tell a very long story.")
     finally:
         stop(slow.proc)
+    trace = {"real": real.pop("_test"), "ours": ours.pop("_test")}
     assert not diff(real, ours), diff(real, ours)
     for answer in (real, ours):
         choice = answer["choices"][0]
-        assert answer["id"] == "chatcmpl-polar-contract-abort" and choice["finish_reason"] == "abort"
+        assert answer["id"] == "chatcmpl-polar-contract-abort", trace
+        # a "length" here is a generation no abort reached: the trace says which server, when
+        assert choice["finish_reason"] == "abort", (choice["finish_reason"], answer["usage"], trace)
         n = len(choice["token_ids"])
         assert 1 <= n < 6000 and len(choice["logprobs"]["content"]) == n == answer["usage"]["completion_tokens"]
 
