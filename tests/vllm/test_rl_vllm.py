@@ -118,10 +118,13 @@ def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
     return answer
 
 
-def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, standin_url, log_dir):
+def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, vllm_lowered, standin_url, log_dir):
     """vLLM dev mode's /abort_requests, which the gateway stops plain calls with: the same
     answers on the stand-in, and a plain request so stopped answers 200 with what it sampled,
-    ids and logprobs aligned, finish_reason "abort", named after its X-Request-Id."""
+    ids and logprobs aligned, finish_reason "abort", named after its X-Request-Id. vLLM runs
+    lowered (``vllm_lowered``): at its normal priority its CPU worker can starve every other
+    process for the whole 6000-token generation, so no abort lands (scripts/vllm_cpu.py
+    ``lowered``; it failed so once in CI, finish_reason "length")."""
     assert abort_errors(standin_url) == abort_errors(vllm_url)
     assert abort_errors(vllm_url)[0] == (200, {"status": "aborted", "aborted": 1})
 
