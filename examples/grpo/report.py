@@ -8,6 +8,7 @@ train / weight sync in a second panel.
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 COLUMNS = [("step", "step"), ("policy_version", "version"), ("mean_reward", "mean reward"),
@@ -126,7 +127,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     lines, labels = ax.get_legend_handles_labels()
     l2, lb2 = tok.get_legend_handles_labels()
     ax.legend(lines + l2, labels + lb2, loc="upper left")
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10)  # the summary line: wrapped, or it runs off the figure
     roll = [r["rollout_s"] for r in rows]
     train = [r["train_s"] + r.get("save_s", 0.0) for r in rows]
     syn = [r["sync_s"] for r in rows]
