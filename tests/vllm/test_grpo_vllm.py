@@ -335,7 +335,7 @@ def test_codex_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
 
 CLAUDE_STEPS = 6
 # 8 prompts a step (two per direction): at 4 the reward swung by whole steps and 4 of 7 runs
-# learnt; at 8 it rose at nearly every step, 2 of 2 (docs/rl.md, "Through the real Claude Code CLI")
+# learnt; at 8 it rose at nearly every step, 3 of 3 (docs/rl.md, "Through the real Claude Code CLI")
 CLAUDE_PROMPTS = 8
 
 
