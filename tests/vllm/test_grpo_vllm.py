@@ -334,8 +334,8 @@ def test_codex_trl_reward_rises(tmp_path, monkeypatch, shared_vllm):
 
 
 CLAUDE_STEPS = 6
-# 8 prompts a step (two per direction): at 4 the reward swung by whole steps and 4 of 7 runs
-# learnt; at 8 it rose at nearly every step, 3 of 3 (docs/rl.md, "Through the real Claude Code CLI")
+# 8 prompts a step (two per direction): at 4 one direction's group pulled the shared LM-head rows
+# alone and the reward swung by whole steps (docs/rl.md, "Through the real Claude Code CLI")
 CLAUDE_PROMPTS = 8
 
 

@@ -108,7 +108,7 @@ def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
     t = threading.Thread(target=lambda: out.setdefault("r", post(body, request_id)))
     t.start()
     time.sleep(1.0)
-    aborts = []  # (seconds after the request, status) of every abort sent: the failure message's
+    aborts = []  # (seconds after the request, status) of every abort sent, for the failure message
     while t.is_alive():
         r = requests.post(url + "/abort_requests", json={"request_ids": [f"chatcmpl-{request_id}"]}, timeout=30)
         aborts.append((round(time.monotonic() - t0, 2), r.status_code))
@@ -123,8 +123,8 @@ def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, vllm_lowered, s
     answers on the stand-in, and a plain request so stopped answers 200 with what it sampled,
     ids and logprobs aligned, finish_reason "abort", named after its X-Request-Id. vLLM runs
     lowered (``vllm_lowered``): at its normal priority its CPU worker can starve every other
-    process for the whole 6000-token generation, so no abort lands (scripts/vllm_cpu.py
-    ``lowered``; it failed so once in CI, finish_reason "length")."""
+    process for the whole 6000-token generation, so no abort lands and the answer ends with
+    finish_reason "length" (scripts/vllm_cpu.py ``lowered``)."""
     assert abort_errors(standin_url) == abort_errors(vllm_url)
     assert abort_errors(vllm_url)[0] == (200, {"status": "aborted", "aborted": 1})
 
