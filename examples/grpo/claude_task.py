@@ -92,13 +92,18 @@ def first_turn(body: dict[str, Any], instruction: str) -> tuple[list[dict[str, A
     if len(users) != 1:
         raise ValueError(f"expected one user message in the captured Claude Code request, found {len(users)}")
     messages = [dict(m) for m in messages]
-    content = messages[users[0]]["content"]
+    messages[users[0]]["content"] = with_task(messages[users[0]]["content"], instruction)
+    return messages, tools
+
+
+def with_task(content: str, instruction: str) -> str:
+    """Claude Code's user message with its task (the text after the context reminder and the blank
+    lines that follow it) replaced by ``instruction``."""
     head, sep, _ = content.rpartition("</system-reminder>\n")
     if not sep:
         raise ValueError("the captured Claude Code request has no context reminder before the task")
     rest = content[len(head) + len(sep):]
-    messages[users[0]]["content"] = head + sep + rest[:len(rest) - len(rest.lstrip("\n"))] + instruction
-    return messages, tools
+    return head + sep + rest[:len(rest) - len(rest.lstrip("\n"))] + instruction
 
 
 def second_turn(body: dict[str, Any], instruction: str, direction: str, rng: random.Random):

@@ -38,7 +38,6 @@ from polar_mq.rl.trainers.samples import TrainSample  # noqa: E402
 
 CALL = re.compile(r"^<tool_call>\s*(\{.*\})\s*</tool_call>\s*$", re.S)
 CMD = re.compile(r"^\s*echo\s+(\S+)\s*>\s*answer\.txt\s*$")
-REMINDER_END = "</system-reminder>\n"  # Claude Code's context reminder before the task in its user message
 
 
 def verdict(t, text: str, direction: str) -> tuple[bool, float]:
@@ -61,12 +60,6 @@ def verdict(t, text: str, direction: str) -> tuple[bool, float]:
     return True, 1.0 if c and c.group(1) == direction else 0.0
 
 
-def with_instruction(content: str, instruction: str) -> str:
-    """The captured user message with its task replaced (after Claude Code's reminder, if any)."""
-    head, sep, _ = content.rpartition(REMINDER_END)
-    return head + sep + instruction if sep else instruction
-
-
 def prompts(recipe: harness_base.Recipe, base: Path, tok, seed: int) -> list[tuple[list[int], str]]:
     """(prompt ids, right direction) of every (direction, phrase) instruction on the CLI's captured
     prompt, varied as the base policy was trained (Claude Code: a random date)."""
@@ -78,7 +71,7 @@ def prompts(recipe: harness_base.Recipe, base: Path, tok, seed: int) -> list[tup
         for p in range(len(task.PHRASES)):
             messages = [dict(m) for m in key["messages"]]
             user = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            messages[user[0]]["content"] = with_instruction(messages[user[0]]["content"], task.instruction(d, p))
+            messages[user[0]]["content"] = t.with_task(messages[user[0]]["content"], task.instruction(d, p))
             if vary is not None:
                 messages = vary(messages, rng)
             ids, n_p = tiny.examples(tok, [(messages, key["tools"], t.tool_call(d))])[0]

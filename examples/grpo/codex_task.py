@@ -91,8 +91,13 @@ def first_turn(body: dict[str, Any], instruction: str) -> tuple[list[dict[str, A
     if len(users) != 1:
         raise ValueError(f"expected one user message in the captured Codex request, found {len(users)}")
     messages = [dict(m) for m in messages]
-    messages[users[0]]["content"] = instruction
+    messages[users[0]]["content"] = with_task(messages[users[0]]["content"], instruction)
     return messages, tools
+
+
+def with_task(content: str, instruction: str) -> str:
+    """Codex's user message is the task alone."""
+    return instruction
 
 
 def second_turn(body: dict[str, Any], instruction: str, direction: str, rng: random.Random):

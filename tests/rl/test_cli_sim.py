@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from examples.grpo import claude_task, codex_task  # noqa: E402
-from examples.grpo.cli_sim import verdict, with_instruction  # noqa: E402
+from examples.grpo.cli_sim import verdict  # noqa: E402
 
 
 def call(name: str, args: dict) -> str:
@@ -39,7 +39,11 @@ def test_another_clis_call_or_broken_text_is_not_well_formed(t, other_arg):
 
 
 def test_the_task_replaces_only_what_follows_claude_codes_reminder():
-    captured = "<system-reminder>\nToday's date is YYYY-MM-DD.\n</system-reminder>\nMove the cursor up."
-    assert with_instruction(captured, "Go left.") == (
-        "<system-reminder>\nToday's date is YYYY-MM-DD.\n</system-reminder>\nGo left.")
-    assert with_instruction("Move the cursor up.", "Go left.") == "Go left."  # Codex: the whole message
+    """The proxy's prompts are the base policy's: the harness's own ``with_task`` (which its
+    ``first_turn`` uses) keeps the blank lines Claude Code puts after its reminder, as captured."""
+    captured = "<system-reminder>\nToday's date is YYYY-MM-DD.\n</system-reminder>\n\n\nMove the cursor up."
+    assert claude_task.with_task(captured, "Go left.") == (
+        "<system-reminder>\nToday's date is YYYY-MM-DD.\n</system-reminder>\n\n\nGo left.")
+    with pytest.raises(ValueError):
+        claude_task.with_task("Move the cursor up.", "Go left.")
+    assert codex_task.with_task("Move the cursor up.", "Go left.") == "Go left."  # Codex: the whole message

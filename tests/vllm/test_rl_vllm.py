@@ -98,9 +98,9 @@ def abort_errors(url: str) -> list:
     return out
 
 
-def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
+def aborted_plain_answer(url: str, post, request_id: str, content: str) -> tuple[dict, dict]:
     """A plain generation stopped by id mid-way (resent every 0.3 s until it answers, as the
-    gateway's UpstreamAborter does): the answer body."""
+    gateway's UpstreamAborter does): the answer body, and when it came and which aborts were sent."""
     body = {"model": SERVED, "max_tokens": 6000, "ignore_eos": True, "logprobs": True,
             "return_token_ids": True, "messages": [{"role": "user", "content": content}]}
     out: dict = {}
@@ -113,9 +113,7 @@ def aborted_plain_answer(url: str, post, request_id: str, content: str) -> dict:
         r = requests.post(url + "/abort_requests", json={"request_ids": [f"chatcmpl-{request_id}"]}, timeout=30)
         aborts.append((round(time.monotonic() - t0, 2), r.status_code))
         t.join(0.3)
-    answer = out["r"]
-    answer["_test"] = {"url": url, "answered_after_s": round(time.monotonic() - t0, 2), "aborts": aborts}
-    return answer
+    return out["r"], {"url": url, "answered_after_s": round(time.monotonic() - t0, 2), "aborts": aborts}
 
 
 def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, vllm_lowered, standin_url, log_dir):
@@ -132,15 +130,15 @@ def test_abort_by_id_on_the_stand_in_matches_real_vllm(vllm_url, vllm_lowered, s
         return lambda body, rid: requests.post(url + "/v1/chat/completions", json=body, timeout=120,
                                                headers={"X-Request-Id": rid}).json()
 
-    real = aborted_plain_answer(vllm_url, via_http(vllm_url), "polar-contract-abort", "Tell a very long story.")
+    real, real_trace = aborted_plain_answer(vllm_url, via_http(vllm_url), "polar-contract-abort", "Tell a very long story.")
     slow = start_model_server(log_dir, "--served-model-name", SERVED, "--token-latency-ms", "5",
                               name="standin-abort-contract")
     try:
-        ours = aborted_plain_answer(slow.url, via_http(slow.url), "polar-contract-abort",
+        ours, ours_trace = aborted_plain_answer(slow.url, via_http(slow.url), "polar-contract-abort",
                                     "polar:long Tell a very long story.")
     finally:
         stop(slow.proc)
-    trace = {"real": real.pop("_test"), "ours": ours.pop("_test")}
+    trace = {"real": real_trace, "ours": ours_trace}
     assert not diff(real, ours), diff(real, ours)
     for answer in (real, ours):
         choice = answer["choices"][0]
